@@ -1,0 +1,296 @@
+"""The event contract (``docs/events.md``) and its one parser/validator.
+
+Every path (``replay``, the streaming job) hands raw message payloads to :func:`parse_events`,
+which returns the accepted events as one columnar frame and every rejected payload with a reason.
+Structure and types are checked per message by msgspec (in C, with exact error paths); ranges,
+timestamp bounds and topic names are checked vectorised over the accepted columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from operator import attrgetter
+from typing import Annotated, Any, ClassVar, Literal
+
+import msgspec
+import numpy as np
+import pandas as pd
+from msgspec import Meta
+
+from state.config import TOPIC_NAME
+
+
+class EventKind(StrEnum):
+    PRODUCE = "produce"
+    FETCH = "fetch"
+    REMOTE_COPY = "remote_copy"
+    REMOTE_FETCH = "remote_fetch"
+    REPLICATION = "replication"
+    REMOTE_SEGMENT = "remote_segment"
+
+
+class RejectReason(StrEnum):
+    """Why a payload was rejected; a small fixed set, so it can label a counter."""
+
+    TOO_LARGE = "too_large"
+    INVALID_UTF8 = "invalid_utf8"
+    INVALID_JSON = "invalid_json"
+    TOO_DEEP = "too_deep"
+    NOT_AN_OBJECT = "not_an_object"
+    UNKNOWN_KIND = "unknown_kind"
+    MISSING_FIELD = "missing_field"
+    WRONG_TYPE = "wrong_type"
+    INVALID_VALUE = "invalid_value"
+    NEGATIVE_BYTES = "negative_bytes"
+    TS_OUT_OF_BOUNDS = "ts_out_of_bounds"
+    INVALID_TOPIC = "invalid_topic"
+
+
+_INT64_MAX = 2**63 - 1
+Int64 = Annotated[int, Meta(ge=-(2**63), le=_INT64_MAX)]
+NonNegative = Annotated[int, Meta(ge=0, le=_INT64_MAX)]
+Count = Annotated[int, Meta(ge=1, le=_INT64_MAX)]
+BrokerId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
+Partition = Annotated[int, Meta(ge=0, le=2**31 - 1)]
+User = Annotated[str, Meta(min_length=1, max_length=1024)]
+ClientId = Annotated[str, Meta(max_length=1024)]
+Topic = Annotated[str, Meta(max_length=1024)]
+
+
+class _Event(msgspec.Struct, tag_field="kind", kw_only=True, gc=False):
+    ts: Int64
+    bytes: Int64
+    count: Count = 1
+
+
+class Produce(_Event, tag="produce", kw_only=True):
+    user: User
+    client_id: ClientId
+    broker: BrokerId
+
+
+class Fetch(Produce, tag="fetch", kw_only=True):
+    pass
+
+
+class RemoteCopy(_Event, tag="remote_copy", kw_only=True):
+    broker: BrokerId
+    topic: Topic
+    partition: Partition
+    client_id: ClientId | None = None
+
+
+class RemoteFetch(RemoteCopy, tag="remote_fetch", kw_only=True):
+    pass
+
+
+class Replication(_Event, tag="replication", kw_only=True):
+    broker: BrokerId
+    role: Literal["leader", "follower"]
+    topic: Topic
+    partition: Partition
+    replica: BrokerId
+    in_sync: bool
+
+
+class RemoteSegment(_Event, tag="remote_segment", kw_only=True):
+    broker: BrokerId
+    topic: Topic
+    partition: Partition
+    leader_epoch: Annotated[int, Meta(ge=0, le=2**31 - 1)]
+    segment_id: Annotated[str, Meta(min_length=1, max_length=256)]
+    state: Literal["copy_finished", "delete_finished"]
+
+
+_EVENT_TYPES: tuple[type[_Event], ...] = (
+    Produce,
+    Fetch,
+    RemoteCopy,
+    RemoteFetch,
+    Replication,
+    RemoteSegment,
+)
+_DECODER = msgspec.json.Decoder(
+    Produce | Fetch | RemoteCopy | RemoteFetch | Replication | RemoteSegment
+)
+
+#: Columns of an accepted-events frame, with the value that stands for "absent in this kind".
+EVENT_COLUMNS: dict[str, Any] = {
+    "position": None,  # index of the payload in the parsed batch
+    "kind": None,
+    "ts": None,
+    "bytes": None,
+    "count": None,
+    "user": None,
+    "client_id": None,
+    "broker": -1,
+    "topic": None,
+    "partition": -1,
+    "role": None,
+    "replica": -1,
+    "in_sync": False,
+    "leader_epoch": -1,
+    "segment_id": None,
+    "state": None,
+}
+_INT_COLUMNS = ("position", "ts", "bytes", "count", "broker", "partition", "replica", "leader_epoch")
+_NULLABLE_STRINGS = ("user", "client_id", "topic", "role", "segment_id", "state")
+
+
+@dataclass(frozen=True)
+class EventBounds:
+    """Accepted event times, epoch ms, both ends inclusive.
+
+    The defaults only catch gross mistakes (seconds sent as milliseconds, garbage); the engine
+    narrows them around its clock with :meth:`around`.
+    """
+
+    min_ts_ms: int = 946_684_800_000  # 2000-01-01
+    max_ts_ms: int = 4_102_444_800_000  # 2100-01-01
+
+    def around(self, now_ms: int, max_past_ms: int | None, max_future_ms: int | None) -> EventBounds:
+        low = self.min_ts_ms if max_past_ms is None else max(self.min_ts_ms, now_ms - max_past_ms)
+        high = (
+            self.max_ts_ms if max_future_ms is None else min(self.max_ts_ms, now_ms + max_future_ms)
+        )
+        return EventBounds(min_ts_ms=low, max_ts_ms=high)
+
+
+@dataclass(frozen=True)
+class ParsedEvents:
+    accepted: pd.DataFrame  # EVENT_COLUMNS, in payload order
+    rejected: pd.DataFrame  # position, reason, detail, payload (the original bytes)
+
+    REJECTED_COLUMNS: ClassVar[tuple[str, ...]] = ("position", "reason", "detail", "payload")
+
+
+def parse_events(
+    payloads: Sequence[bytes],
+    bounds: EventBounds = EventBounds(),  # noqa: B008 - immutable
+    max_payload_bytes: int = 65_536,
+) -> ParsedEvents:
+    """Validate raw JSON payloads; accepted events keep their payload order."""
+    decoded: dict[type[_Event], list[tuple[int, _Event]]] = {kind: [] for kind in _EVENT_TYPES}
+    rejected: list[tuple[int, str, str, bytes]] = []
+    for position, payload in enumerate(payloads):
+        if len(payload) > max_payload_bytes:
+            detail = f"payload is {len(payload)} bytes, the limit is {max_payload_bytes}"
+            rejected.append((position, RejectReason.TOO_LARGE, detail, payload))
+            continue
+        try:
+            event = _DECODER.decode(payload)
+        except msgspec.ValidationError as exc:
+            rejected.append((position, _validation_reason(str(exc)), str(exc), payload))
+        except msgspec.DecodeError as exc:
+            rejected.append((position, RejectReason.INVALID_JSON, str(exc), payload))
+        except UnicodeDecodeError as exc:
+            rejected.append((position, RejectReason.INVALID_UTF8, str(exc), payload))
+        except RecursionError:
+            detail = "JSON is nested too deeply"
+            rejected.append((position, RejectReason.TOO_DEEP, detail, payload))
+        else:
+            decoded[type(event)].append((position, event))
+
+    accepted = _columns(decoded)
+    accepted, late_rejects = _check_values(accepted, payloads, bounds)
+    rejected_frame = pd.DataFrame(rejected, columns=list(ParsedEvents.REJECTED_COLUMNS))
+    if len(late_rejects):
+        rejected_frame = pd.concat([rejected_frame, late_rejects], ignore_index=True)
+    rejected_frame = rejected_frame.sort_values("position", kind="stable", ignore_index=True)
+    rejected_frame["position"] = rejected_frame["position"].astype(np.int64)
+    return ParsedEvents(accepted=accepted, rejected=rejected_frame)
+
+
+def empty_events() -> pd.DataFrame:
+    return _typed(pd.DataFrame({column: [] for column in EVENT_COLUMNS}))
+
+
+def _validation_reason(message: str) -> RejectReason:
+    if message.startswith("Expected `object`") and " - at " not in message:
+        return RejectReason.NOT_AN_OBJECT
+    if message.startswith("Object missing required field"):
+        return RejectReason.MISSING_FIELD
+    if message.endswith("- at `$.kind`"):
+        return RejectReason.UNKNOWN_KIND
+    if message.startswith("Expected `") and ", got `" in message:
+        return RejectReason.WRONG_TYPE
+    return RejectReason.INVALID_VALUE
+
+
+def _columns(decoded: dict[type[_Event], list[tuple[int, _Event]]]) -> pd.DataFrame:
+    frames = []
+    for event_type, items in decoded.items():
+        if not items:
+            continue
+        fields = event_type.__struct_fields__
+        values = list(map(attrgetter(*fields), (event for _, event in items)))
+        frame = pd.DataFrame.from_records(values, columns=list(fields))
+        frame.insert(0, "position", [position for position, _ in items])
+        frame.insert(1, "kind", event_type.__struct_config__.tag)
+        frames.append(frame)
+    if not frames:
+        return empty_events()
+    merged = pd.concat(frames, ignore_index=True)
+    for column, absent in EVENT_COLUMNS.items():
+        if column not in merged:
+            merged[column] = absent
+        elif absent is not None:
+            values = merged[column].to_numpy(dtype=object)
+            values[pd.isna(values)] = absent
+            merged[column] = values
+    merged = merged[list(EVENT_COLUMNS)].sort_values("position", kind="stable", ignore_index=True)
+    return _typed(merged)
+
+
+def _typed(frame: pd.DataFrame) -> pd.DataFrame:
+    for column in _INT_COLUMNS:
+        frame[column] = frame[column].astype(np.int64)
+    frame["in_sync"] = frame["in_sync"].astype(np.bool_)
+    for column in ("kind", *_NULLABLE_STRINGS):
+        frame[column] = frame[column].astype(object)
+    return frame
+
+
+def _check_values(
+    accepted: pd.DataFrame, payloads: Sequence[bytes], bounds: EventBounds
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Range checks over whole columns; returns (still accepted, newly rejected)."""
+    ts = accepted["ts"].to_numpy()
+    topic = accepted["topic"]
+    has_topic = topic.notna().to_numpy()
+    topic_ok = np.ones(len(accepted), dtype=np.bool_)
+    if has_topic.any():
+        topic_ok[has_topic] = topic[has_topic].astype(str).str.fullmatch(TOPIC_NAME.pattern)
+    checks: list[tuple[RejectReason, np.ndarray[Any, np.dtype[np.bool_]], str]] = [
+        (RejectReason.NEGATIVE_BYTES, accepted["bytes"].to_numpy() < 0, "bytes must be >= 0"),
+        (
+            RejectReason.TS_OUT_OF_BOUNDS,
+            (ts < bounds.min_ts_ms) | (ts > bounds.max_ts_ms),
+            f"ts must be epoch milliseconds in [{bounds.min_ts_ms}, {bounds.max_ts_ms}]",
+        ),
+        (RejectReason.INVALID_TOPIC, ~topic_ok, "topic is not a legal Kafka topic name"),
+    ]
+    bad = np.zeros(len(accepted), dtype=np.bool_)
+    rows = []
+    for reason, failed, message in checks:
+        fresh = failed & ~bad  # report the first failed check only
+        bad |= failed
+        for position, value in zip(
+            accepted["position"].to_numpy()[fresh], _failed_values(accepted, reason, fresh), strict=True
+        ):
+            rows.append((int(position), reason, f"{message} (got {value!r})", payloads[position]))
+    rejected = pd.DataFrame(rows, columns=list(ParsedEvents.REJECTED_COLUMNS))
+    return accepted[~bad].reset_index(drop=True), rejected
+
+
+def _failed_values(
+    accepted: pd.DataFrame, reason: RejectReason, rows: np.ndarray[Any, np.dtype[np.bool_]]
+) -> list[Any]:
+    column = {
+        RejectReason.NEGATIVE_BYTES: "bytes",
+        RejectReason.TS_OUT_OF_BOUNDS: "ts",
+        RejectReason.INVALID_TOPIC: "topic",
+    }[reason]
+    return list(accepted[column].to_numpy()[rows])

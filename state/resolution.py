@@ -1,0 +1,224 @@
+"""Which limit applies to whom, vectorised over many entities at once.
+
+Client quotas follow Kafka's eight precedence levels (``docs/semantics.md`` §3): the first level
+with a quota of the asked type wins, and the level also decides who shares the usage counter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from state.config import DEFAULT, QuotaConfig, ThrottledReplicas, TopicThrottles
+from state.quota_types import CLIENT_QUOTA_TYPES, QuotaType
+
+FloatArray = npt.NDArray[np.float64]
+Int64Array = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+ObjectArray = npt.NDArray[np.object_]
+
+UNLIMITED = float("inf")
+
+
+class Sharing(IntEnum):
+    """Who shares one usage counter under a precedence level."""
+
+    USER_AND_CLIENT = 1
+    USER = 2
+    CLIENT = 3
+
+
+#: What an entity names at one of its two levels: a name, ``<default>``, or nothing.
+Slot = Literal["name", "default", "none"]
+
+
+@dataclass(frozen=True)
+class _Level:
+    number: int
+    user: Slot
+    client: Slot
+    sharing: Sharing
+
+#: Kafka's precedence, first match wins (``DefaultQuotaCallback.quotaMetricTags``).
+LEVELS = (
+    _Level(1, "name", "name", Sharing.USER_AND_CLIENT),
+    _Level(2, "name", "default", Sharing.USER_AND_CLIENT),
+    _Level(3, "name", "none", Sharing.USER),
+    _Level(4, "default", "name", Sharing.USER_AND_CLIENT),
+    _Level(5, "default", "default", Sharing.USER_AND_CLIENT),
+    _Level(6, "default", "none", Sharing.USER),
+    _Level(7, "none", "name", Sharing.CLIENT),
+    _Level(8, "none", "default", Sharing.CLIENT),
+)
+#: Level reported when no level sets the quota: unlimited, one counter per client-id.
+NO_LEVEL = 0
+SHARING_BY_LEVEL = np.array(
+    [Sharing.CLIENT] + [level.sharing for level in LEVELS], dtype=np.int64
+)
+
+
+def _slot(name: str | None) -> Slot:
+    return "none" if name is None else "default" if name == DEFAULT else "name"
+
+
+@dataclass(frozen=True)
+class ClientResolution:
+    level: Int64Array  # 1..8, or NO_LEVEL
+    limit: FloatArray  # bytes/s, inf where unlimited
+
+    @property
+    def sharing(self) -> Int64Array:
+        result: Int64Array = SHARING_BY_LEVEL[self.level]
+        return result
+
+
+class _LevelLookup:
+    """Limits configured at one precedence level, looked up for many (user, client) at once."""
+
+    def __init__(self, level: _Level, entries: dict[tuple[str | None, str | None], float]) -> None:
+        self.level = level
+        self._scalar: float | None = None
+        self._index: pd.Index | None = None
+        self._values = np.zeros(0, dtype=np.float64)
+        named = [(user, client, rate) for (user, client), rate in entries.items()]
+        if level.user != "name" and level.client != "name":
+            self._scalar = named[0][2] if named else None
+            return
+        if not named:
+            return
+        if level.user == "name" and level.client == "name":
+            self._index = pd.MultiIndex.from_tuples([(u, c) for u, c, _ in named])
+        elif level.user == "name":
+            self._index = pd.Index([u for u, _, _ in named], dtype=object)
+        else:
+            self._index = pd.Index([c for _, c, _ in named], dtype=object)
+        self._values = np.array([rate for _, _, rate in named], dtype=np.float64)
+
+    def lookup(self, users: ObjectArray, clients: ObjectArray) -> FloatArray:
+        """Limit per entity at this level, NaN where this level sets none."""
+        result = np.full(len(users), np.nan)
+        if self._scalar is not None:
+            result[:] = self._scalar
+            return result
+        if self._index is None or len(self._index) == 0:
+            return result
+        if isinstance(self._index, pd.MultiIndex):
+            probe: pd.Index = pd.MultiIndex.from_arrays([users, clients])
+        elif self.level.user == "name":
+            probe = pd.Index(users, dtype=object)
+        else:
+            probe = pd.Index(clients, dtype=object)
+        position = np.asarray(self._index.get_indexer(probe))
+        found = position >= 0
+        result[found] = self._values[position[found]]
+        return result
+
+
+class QuotaResolver:
+    """Resolves limits and throttled replicas from one :class:`QuotaConfig`."""
+
+    def __init__(self, config: QuotaConfig) -> None:
+        self.config = config
+        self._client_levels: dict[QuotaType, list[_LevelLookup]] = {}
+        for quota_type in CLIENT_QUOTA_TYPES:
+            per_level: dict[int, dict[tuple[str | None, str | None], float]] = {
+                level.number: {} for level in LEVELS
+            }
+            for quota in config.clients:
+                rate = quota.rate_for(quota_type)
+                if rate is None:
+                    continue
+                number = next(
+                    level.number
+                    for level in LEVELS
+                    if (level.user, level.client) == (_slot(quota.user), _slot(quota.client_id))
+                )
+                per_level[number][quota.entity] = rate
+            self._client_levels[quota_type] = [
+                _LevelLookup(level, per_level[level.number]) for level in LEVELS
+            ]
+
+    def client(self, quota_type: QuotaType, users: ObjectArray, clients: ObjectArray) -> ClientResolution:
+        """Precedence level and limit for each (user, client-id)."""
+        level = np.full(len(users), NO_LEVEL, dtype=np.int64)
+        limit = np.full(len(users), UNLIMITED)
+        # Walk from the lowest precedence up so that higher levels overwrite.
+        for lookup in reversed(self._client_levels[quota_type]):
+            found_limit = lookup.lookup(users, clients)
+            found = ~np.isnan(found_limit)
+            level[found] = lookup.level.number
+            limit[found] = found_limit[found]
+        return ClientResolution(level=level, limit=limit)
+
+    def broker_limit(self, quota_type: QuotaType, brokers: Int64Array) -> FloatArray:
+        """Per-broker override, else the ``<default>`` entry, else unlimited."""
+        default_entry = self.config.brokers.get(DEFAULT)
+        default_rate = default_entry.rate_for(quota_type) if default_entry else None
+        limit = np.full(len(brokers), UNLIMITED if default_rate is None else default_rate)
+        overrides = {
+            broker: rate
+            for broker, quotas in self.config.brokers.items()
+            if broker != DEFAULT and (rate := quotas.rate_for(quota_type)) is not None
+        }
+        if overrides:
+            index = pd.Index(list(overrides), dtype=np.int64)
+            values = np.array(list(overrides.values()), dtype=np.float64)
+            position = np.asarray(index.get_indexer(brokers))
+            found = position >= 0
+            limit[found] = values[position[found]]
+        return limit
+
+    def replica_throttled(
+        self,
+        leader: BoolArray,
+        topics: ObjectArray,
+        partitions: Int64Array,
+        brokers: Int64Array,
+    ) -> BoolArray:
+        """Whether each (topic, partition) on the reporting broker is in its throttled list.
+
+        ``leader`` selects the leader list, otherwise the follower list applies.
+        """
+        throttled = np.zeros(len(topics), dtype=np.bool_)
+        for is_leader, pick in ((True, _leader_list), (False, _follower_list)):
+            rows = np.flatnonzero(leader == is_leader)
+            if len(rows):
+                throttled[rows] = _in_lists(
+                    self.config.topics, pick, topics[rows], partitions[rows], brokers[rows]
+                )
+        return throttled
+
+
+def _leader_list(throttles: TopicThrottles) -> ThrottledReplicas:
+    return throttles.leader
+
+
+def _follower_list(throttles: TopicThrottles) -> ThrottledReplicas:
+    return throttles.follower
+
+
+def _in_lists(
+    topics_config: dict[str, TopicThrottles],
+    pick: Callable[[TopicThrottles], ThrottledReplicas],
+    topics: ObjectArray,
+    partitions: Int64Array,
+    brokers: Int64Array,
+) -> BoolArray:
+    wildcard = [name for name, throttles in topics_config.items() if pick(throttles).every_partition]
+    listed = [
+        (name, partition, broker)
+        for name, throttles in topics_config.items()
+        for partition, broker in pick(throttles).replicas
+    ]
+    result = np.asarray(pd.Index(topics, dtype=object).isin(wildcard), dtype=np.bool_)
+    if listed:
+        index = pd.MultiIndex.from_tuples(listed)
+        probe = pd.MultiIndex.from_arrays([topics, partitions, brokers])
+        result |= np.asarray(index.get_indexer(probe)) >= 0
+    return result

@@ -1,0 +1,1 @@
+"""The Spark job and command-line glue around the pure core in :mod:`state`."""

@@ -1,0 +1,116 @@
+"""``quotastream replay``: the core over a file of events, one decision line per accepted event.
+
+The file is read in batches of lines; each batch goes through the same validator and the same
+:class:`~state.core.QuotaCore` the streaming job uses. Decisions do not depend on the batch size
+(tests check this), so it only bounds memory.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import BinaryIO, TextIO
+
+import numpy as np
+import pandas as pd
+
+from state.core import QuotaCore
+from state.events import EventBounds, parse_events
+
+#: Output fields per quota; every line also carries ``line`` (1-based input line number).
+_COMMON = ["line", "ts", "kind", "quota", "entity", "rate", "limit", "throttle_ms", "exceeded",
+           "window_ms", "late"]  # fmt: skip
+_FIELDS_BY_QUOTA = {
+    "produce": [*_COMMON, "level"],
+    "fetch": [*_COMMON, "level"],
+    "remote_copy": _COMMON,
+    "remote_fetch": [*_COMMON, "skip_remote"],
+    "leader_replication": [*_COMMON, "topic", "partition", "replica", "throttled", "leave_out"],
+    "follower_replication": [*_COMMON, "topic", "partition", "replica", "throttled", "leave_out"],
+}
+_NON_QUOTA_FIELDS = ["line", "ts", "kind", "quota", "topic", "partition"]
+
+
+@dataclass
+class ReplayStats:
+    lines: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+
+
+def replay(
+    events: BinaryIO,
+    core: QuotaCore,
+    decisions_out: TextIO,
+    dead_letter_out: TextIO,
+    bounds: EventBounds,
+    max_payload_bytes: int,
+    batch_lines: int = 65_536,
+) -> ReplayStats:
+    stats = ReplayStats()
+    for first_line, payloads in _batches(events, batch_lines):
+        parsed = parse_events(payloads, bounds, max_payload_bytes)
+        decisions = core.decide(parsed.accepted)
+        decisions["line"] = decisions["position"] + first_line
+        for column in ("topic", "partition", "replica"):
+            decisions[column] = parsed.accepted[column].to_numpy()
+        _write_lines(decision_lines(decisions), decisions_out)
+        rejected = parsed.rejected
+        _write_lines([_dead_letter_line(row, first_line) for row in rejected.itertuples()],
+                     dead_letter_out)  # fmt: skip
+        stats.lines += len(payloads)
+        stats.accepted += len(decisions)
+        stats.rejected += len(rejected)
+        for reason, count in rejected["reason"].value_counts().items():
+            stats.rejected_by_reason[str(reason)] = stats.rejected_by_reason.get(str(reason), 0) + int(count)
+    return stats
+
+
+def decision_lines(decisions: pd.DataFrame) -> list[str]:
+    """JSON lines in input order, each with the fields of its quota."""
+    lines = np.empty(len(decisions), dtype=object)
+    quota = decisions["quota"].fillna("").to_numpy()
+    for name in np.unique(quota):
+        rows = np.flatnonzero(quota == name)
+        fields = _FIELDS_BY_QUOTA.get(name, _NON_QUOTA_FIELDS)
+        subset = decisions.iloc[rows][fields]
+        if "level" in subset:
+            subset = subset.assign(level=subset["level"].where(subset["level"] > 0))
+        text = subset.to_json(orient="records", lines=True, double_precision=15)
+        lines[rows] = text.splitlines()
+    return list(lines)
+
+
+def _batches(events: BinaryIO, batch_lines: int) -> Iterator[tuple[int, list[bytes]]]:
+    batch: list[bytes] = []
+    first_line = 1
+    for raw in events:
+        batch.append(raw.rstrip(b"\r\n"))
+        if len(batch) == batch_lines:
+            yield first_line, batch
+            first_line += len(batch)
+            batch = []
+    if batch:
+        yield first_line, batch
+
+
+def _dead_letter_line(row: object, first_line: int) -> str:
+    record: dict[str, object] = {
+        "line": int(row.position) + first_line,  # type: ignore[attr-defined]
+        "reason": str(row.reason),  # type: ignore[attr-defined]
+        "detail": str(row.detail),  # type: ignore[attr-defined]
+    }
+    payload: bytes = row.payload  # type: ignore[attr-defined]
+    try:
+        record["payload"] = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        record["payload_base64"] = base64.b64encode(payload).decode("ascii")
+    return pd.Series(record).to_json()
+
+
+def _write_lines(lines: list[str], out: TextIO) -> None:
+    if lines:
+        out.write("\n".join(lines))
+        out.write("\n")

@@ -1,0 +1,65 @@
+"""Engine settings (``conf/engine.yaml``), overridable by ``QUOTASTREAM_*`` environment variables.
+
+Nested keys use ``__`` in variable names: ``QUOTASTREAM_EVENTS__MAX_PAST_MS=600000``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from state.configfile import ConfigError, describe_validation_error, read_yaml_mapping
+from state.events import EventBounds
+
+Millis = Annotated[int, Field(ge=0)]
+
+
+class EventSettings(BaseModel):
+    """What the validator accepts. Relative bounds apply around the engine's clock."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_ts_ms: Millis = EventBounds.min_ts_ms
+    max_ts_ms: Millis = EventBounds.max_ts_ms
+    max_past_ms: Millis | None = 3_600_000
+    max_future_ms: Millis | None = 300_000
+    max_payload_bytes: Annotated[int, Field(ge=64, le=16 * 1024 * 1024)] = 65_536
+
+    def bounds(self, now_ms: int | None) -> EventBounds:
+        """Absolute bounds, narrowed around ``now_ms`` when there is a clock."""
+        absolute = EventBounds(min_ts_ms=self.min_ts_ms, max_ts_ms=self.max_ts_ms)
+        if now_ms is None:
+            return absolute
+        return absolute.around(now_ms, self.max_past_ms, self.max_future_ms)
+
+
+class EngineSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="QUOTASTREAM_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    events: EventSettings = EventSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The environment overrides the file, which arrives as init arguments.
+        return (env_settings, init_settings)
+
+
+def load_engine_settings(path: Path | None) -> EngineSettings:
+    data = read_yaml_mapping(path) if path is not None else {}
+    source = f"{path} (or its QUOTASTREAM_* override)" if path else "QUOTASTREAM_* environment"
+    try:
+        return EngineSettings(**data)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(source, exc)) from None
