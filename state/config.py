@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     BaseModel,
@@ -25,7 +25,7 @@ from pydantic import (
 from state.configfile import ConfigError, describe_validation_error, read_yaml_mapping
 from state.quota_types import CLIENT_QUOTA_TYPES, QuotaType
 
-DEFAULT = "<default>"
+DEFAULT: Final = "<default>"
 #: Kafka's legal topic names.
 TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 
@@ -96,9 +96,7 @@ class BrokerQuotas(_Model):
         None, alias="remote.log.manager.fetch.max.bytes.per.second"
     )
     leader_replication: ByteRate | None = Field(None, alias="leader.replication.throttled.rate")
-    follower_replication: ByteRate | None = Field(
-        None, alias="follower.replication.throttled.rate"
-    )
+    follower_replication: ByteRate | None = Field(None, alias="follower.replication.throttled.rate")
 
     def rate_for(self, quota_type: QuotaType) -> float | None:
         rate: float | None = getattr(self, quota_type.value)
@@ -134,9 +132,7 @@ ReplicaList = Annotated[ThrottledReplicas, BeforeValidator(ThrottledReplicas.par
 
 
 class TopicThrottles(_Model):
-    leader: ReplicaList = Field(
-        ThrottledReplicas(), alias="leader.replication.throttled.replicas"
-    )
+    leader: ReplicaList = Field(ThrottledReplicas(), alias="leader.replication.throttled.replicas")
     follower: ReplicaList = Field(
         ThrottledReplicas(), alias="follower.replication.throttled.replicas"
     )

@@ -14,7 +14,6 @@ and the usage counter (entity) of every event, records the bytes in that type's
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,9 +22,9 @@ import pandas as pd
 
 from state.config import QuotaConfig
 from state.entities import broker_keys, client_keys
-from state.events import EventKind
+from state.events import KIND_DTYPE, ROLE_DTYPE, EventKind
 from state.quota_types import CLIENT_QUOTA_TYPES, WINDOW_RULE, QuotaType
-from state.resolution import NO_LEVEL, QuotaResolver
+from state.resolution import NO_LEVEL, ClientPairs, QuotaResolver, Sharing
 from state.rolling import RollingTable, WindowSpec
 from state.throttle import throttle_ms
 
@@ -60,6 +59,36 @@ _QUOTA_OF_KIND = {
     EventKind.REMOTE_COPY: QuotaType.REMOTE_COPY,
     EventKind.REMOTE_FETCH: QuotaType.REMOTE_FETCH,
 }
+_QUOTA_OF_ROLE = {
+    "leader": QuotaType.LEADER_REPLICATION,
+    "follower": QuotaType.FOLLOWER_REPLICATION,
+}
+_QUOTA_TYPES = list(QuotaType)
+_QUOTA_NAMES = [quota_type.value for quota_type in _QUOTA_TYPES]
+_COMPOSITE_LIMIT = 2**62
+_MEASURED_COLUMNS = (
+    "position",
+    "ts",
+    "bytes",
+    "user",
+    "client_id",
+    "broker",
+    "topic",
+    "partition",
+    "in_sync",
+)
+_QUOTA_OF_KIND_CODE = np.array(
+    [
+        _QUOTA_TYPES.index(_QUOTA_OF_KIND[EventKind(kind)]) if kind in _QUOTA_OF_KIND else -1
+        for kind in KIND_DTYPE.categories
+    ]
+    + [-1],
+    dtype=np.int64,
+)
+_QUOTA_OF_ROLE_CODE = np.array(
+    [_QUOTA_TYPES.index(_QUOTA_OF_ROLE[role]) for role in ROLE_DTYPE.categories] + [-1],
+    dtype=np.int64,
+)
 
 
 @dataclass(frozen=True)
@@ -94,10 +123,23 @@ class QuotaCore:
     def decide(self, events: pd.DataFrame) -> pd.DataFrame:
         """Record ``events`` (input order) and return one decision per event, same order."""
         size = len(events)
-        columns = {name: events[name].to_numpy() for name in events.columns}
+        columns = {name: events[name].to_numpy() for name in _MEASURED_COLUMNS}
         out = _empty_decisions(columns, size)
-        for quota_type, rows in _rows_by_quota(columns["kind"], columns["role"]):
-            self._decide_quota(quota_type, rows, columns, out)
+        quota_codes = _quota_codes(events["kind"], events["role"])
+        # Entities are collected as codes into each quota's distinct keys, and become one
+        # categorical column at the end: no per-event string handling.
+        entity_code = np.full(size, -1, dtype=np.int64)
+        distinct_keys: list[ObjectArray] = []
+        for code, quota_type in enumerate(_QUOTA_TYPES):
+            rows = np.flatnonzero(quota_codes == code)
+            if len(rows):
+                entities = self._decide_quota(quota_type, rows, columns, out)
+                offset = sum(len(keys) for keys in distinct_keys)
+                entity_code[rows] = entities.of_event + offset
+                distinct_keys.append(entities.keys)
+        out["kind"] = events["kind"].astype(KIND_DTYPE).array
+        out["quota"] = pd.Categorical.from_codes(quota_codes, categories=_QUOTA_NAMES)
+        out["entity"] = _categorical(entity_code, distinct_keys)
         return pd.DataFrame(out, columns=list(DECISION_COLUMNS))
 
     def evict_idle(self, horizon_ms: int) -> int:
@@ -111,16 +153,16 @@ class QuotaCore:
         rows: Int64Array,
         columns: dict[str, npt.NDArray[np.generic]],
         out: dict[str, npt.NDArray[np.generic]],
-    ) -> None:
-        ts = columns["ts"][rows].astype(np.int64)
-        nbytes = columns["bytes"][rows].astype(np.int64)
-        brokers = columns["broker"][rows].astype(np.int64)
+    ) -> _Entities:
+        ts = columns["ts"][rows].astype(np.int64, copy=False)
+        nbytes = columns["bytes"][rows].astype(np.int64, copy=False)
+        brokers = columns["broker"][rows].astype(np.int64, copy=False)
         per_broker = self.config.quota_types.of(quota_type).scope == "broker"
         if quota_type in CLIENT_QUOTA_TYPES:
             entities = self._client_entities(
                 quota_type,
-                columns["user"][rows].astype(object),
-                columns["client_id"][rows].astype(object),
+                columns["user"][rows].astype(object, copy=False),
+                columns["client_id"][rows].astype(object, copy=False),
                 brokers if per_broker else None,
             )
         else:
@@ -131,7 +173,7 @@ class QuotaCore:
         if replication:
             throttled = self.resolver.replica_throttled(
                 leader=np.full(len(rows), quota_type is QuotaType.LEADER_REPLICATION),
-                topics=columns["topic"][rows].astype(object),
+                topics=columns["topic"][rows].astype(object, copy=False),
                 partitions=columns["partition"][rows].astype(np.int64),
                 brokers=brokers,
             )
@@ -145,8 +187,6 @@ class QuotaCore:
         delay = throttle_ms(rate, entities.limit, measured.window_size_ms)
         exceeded = rate > entities.limit
 
-        out["quota"][rows] = quota_type.value
-        out["entity"][rows] = entities.keys[entities.of_event]
         out["rate"][rows] = rate
         out["limit"][rows] = np.where(np.isinf(entities.limit), np.nan, entities.limit)
         out["throttle_ms"][rows] = delay
@@ -155,11 +195,12 @@ class QuotaCore:
         out["late"][rows] = ~measured.recorded
         out["level"][rows] = entities.level
         if replication:
-            in_sync = columns["in_sync"][rows].astype(np.bool_)
+            in_sync = columns["in_sync"][rows].astype(np.bool_, copy=False)
             out["throttled"][rows] = throttled
             out["leave_out"][rows] = throttled & ~in_sync & exceeded
         if quota_type is QuotaType.REMOTE_FETCH:
             out["skip_remote"][rows] = exceeded
+        return entities
 
     def _client_entities(
         self,
@@ -168,24 +209,36 @@ class QuotaCore:
         clients: ObjectArray,
         brokers: Int64Array | None,
     ) -> _Entities:
-        parts: list[npt.NDArray[np.generic]] = [users, clients]
-        if brokers is not None:
-            parts.append(brokers)
-        combo_of_event, combo_first = _factorize_rows(parts)
-        resolution = self.resolver.client(quota_type, users[combo_first], clients[combo_first])
-        combo_keys = client_keys(
-            resolution.sharing,
-            users[combo_first],
-            clients[combo_first],
-            None if brokers is None else brokers[combo_first],
+        user_code, user_names = _codes(users)
+        client_code, client_names = _codes(clients)
+        pair_of_event, pair_first = _combine(
+            [(user_code, len(user_names)), (client_code, len(client_names))]
         )
-        # Different (user, client) pairs can share one counter (e.g. all clients of a user).
-        key_of_combo, keys = pd.factorize(combo_keys)
+        pair_user, pair_client = user_code[pair_first], client_code[pair_first]
+        resolution = self.resolver.client(
+            quota_type, ClientPairs(user_names, client_names, pair_user, pair_client)
+        )
+        # The sharing rule says which parts identify the counter: (user, client), user or client.
+        sharing = resolution.sharing
+        parts = [
+            (np.where(sharing != Sharing.CLIENT, pair_user, -1)[pair_of_event], len(user_names)),
+            (np.where(sharing != Sharing.USER, pair_client, -1)[pair_of_event], len(client_names)),
+        ]
+        if brokers is not None:
+            broker_code, broker_ids = _codes(brokers)
+            parts.append((broker_code, len(broker_ids)))
+        counter_of_event, counter_first = _combine(parts)
+        keys = client_keys(
+            sharing[pair_of_event[counter_first]],
+            users[counter_first],
+            clients[counter_first],
+            None if brokers is None else brokers[counter_first],
+        )
         return _Entities(
-            keys=np.asarray(keys, dtype=object),
-            of_event=key_of_combo[combo_of_event].astype(np.int64),
-            limit=resolution.limit[combo_of_event],
-            level=resolution.level[combo_of_event],
+            keys=keys,
+            of_event=counter_of_event,
+            limit=resolution.limit[pair_of_event],
+            level=resolution.level[pair_of_event],
         )
 
     def _broker_entities(
@@ -201,30 +254,45 @@ class QuotaCore:
         return _Entities(broker_keys(None, size=1), of_event, limit, level)
 
 
-def _rows_by_quota(kind: ObjectArray, role: ObjectArray) -> Iterator[tuple[QuotaType, Int64Array]]:
-    for event_kind, quota_type in _QUOTA_OF_KIND.items():
-        rows = np.flatnonzero(kind == event_kind)
-        if len(rows):
-            yield quota_type, rows
-    replication = kind == EventKind.REPLICATION
-    for role_name, quota_type in (
-        ("leader", QuotaType.LEADER_REPLICATION),
-        ("follower", QuotaType.FOLLOWER_REPLICATION),
-    ):
-        rows = np.flatnonzero(replication & (role == role_name))
-        if len(rows):
-            yield quota_type, rows
+def _quota_codes(kinds: pd.Series, roles: pd.Series) -> Int64Array:
+    """Index into ``_QUOTA_TYPES`` per event, -1 for events no quota measures."""
+    kind_codes = kinds.astype(KIND_DTYPE).cat.codes.to_numpy()
+    role_codes = roles.astype(ROLE_DTYPE).cat.codes.to_numpy()
+    # Category code -1 (unknown or absent) lands on the last entry of each lookup: -1.
+    quota: Int64Array = _QUOTA_OF_KIND_CODE[kind_codes]
+    replication = kind_codes == KIND_DTYPE.categories.get_loc(EventKind.REPLICATION)
+    quota[replication] = _QUOTA_OF_ROLE_CODE[role_codes[replication]]
+    return quota
 
 
-def _factorize_rows(parts: list[npt.NDArray[np.generic]]) -> tuple[Int64Array, Int64Array]:
-    """Codes of the distinct value tuples, and the first row where each occurs."""
-    combined = np.zeros(len(parts[0]), dtype=np.int64)
-    for column in parts:
-        codes, distinct = pd.factorize(column)
-        combined = combined * len(distinct) + codes
-        # Re-factorize so the running product stays small however many columns are combined.
-        combined, _ = pd.factorize(combined)
-        combined = combined.astype(np.int64)
+def _categorical(codes: Int64Array, distinct_keys: list[ObjectArray]) -> pd.Categorical:
+    """One categorical over several quotas' keys (a key may recur across quotas)."""
+    keys = np.concatenate(distinct_keys) if distinct_keys else np.zeros(0, dtype=object)
+    unique_of_key, unique = pd.factorize(keys)
+    # Code -1 (no entity) indexes the appended -1.
+    lookup = np.append(unique_of_key, -1)
+    return pd.Categorical.from_codes(lookup[codes], categories=pd.Index(unique, dtype=object))
+
+
+def _codes(values: npt.NDArray[np.generic]) -> tuple[Int64Array, ObjectArray]:
+    codes, distinct = pd.factorize(values)
+    return codes.astype(np.int64), np.asarray(distinct)
+
+
+def _combine(columns: list[tuple[Int64Array, int]]) -> tuple[Int64Array, Int64Array]:
+    """Codes of the distinct tuples of code columns, and the first row of each tuple.
+
+    Each column is ``(codes, cardinality)`` with codes in ``[-1, cardinality)``.
+    """
+    combined = np.zeros(len(columns[0][0]), dtype=np.int64)
+    bound = 1
+    for codes, cardinality in columns:
+        if bound * (cardinality + 1) >= _COMPOSITE_LIMIT:
+            combined = pd.factorize(combined)[0].astype(np.int64, copy=False)
+            bound = int(combined.max(initial=0)) + 1
+        combined = combined * (cardinality + 1) + (codes + 1)
+        bound *= cardinality + 1
+    combined = pd.factorize(combined)[0].astype(np.int64, copy=False)
     # Factorize numbers codes by first appearance, so writing positions backwards leaves each
     # code's first row.
     first = np.zeros(int(combined.max(initial=-1)) + 1, dtype=np.int64)
@@ -238,9 +306,6 @@ def _empty_decisions(
     return {
         "position": columns["position"].astype(np.int64),
         "ts": columns["ts"].astype(np.int64),
-        "kind": columns["kind"].astype(object),
-        "quota": np.full(size, None, dtype=object),
-        "entity": np.full(size, None, dtype=object),
         "rate": np.full(size, np.nan),
         "limit": np.full(size, np.nan),
         "throttle_ms": np.zeros(size, dtype=np.int64),

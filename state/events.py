@@ -8,6 +8,7 @@ timestamp bounds and topic names are checked vectorised over the accepted column
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -135,8 +136,17 @@ EVENT_COLUMNS: dict[str, Any] = {
     "segment_id": None,
     "state": None,
 }
-_INT_COLUMNS = ("position", "ts", "bytes", "count", "broker", "partition", "replica", "leader_epoch")
-_NULLABLE_STRINGS = ("user", "client_id", "topic", "role", "segment_id", "state")
+_INT_COLUMNS = (
+    "position",
+    "ts",
+    "bytes",
+    "count",
+    "broker",
+    "partition",
+    "replica",
+    "leader_epoch",
+)
+_NULLABLE_STRINGS = ("user", "client_id", "topic", "segment_id", "state")
 
 
 @dataclass(frozen=True)
@@ -150,7 +160,9 @@ class EventBounds:
     min_ts_ms: int = 946_684_800_000  # 2000-01-01
     max_ts_ms: int = 4_102_444_800_000  # 2100-01-01
 
-    def around(self, now_ms: int, max_past_ms: int | None, max_future_ms: int | None) -> EventBounds:
+    def around(
+        self, now_ms: int, max_past_ms: int | None, max_future_ms: int | None
+    ) -> EventBounds:
         low = self.min_ts_ms if max_past_ms is None else max(self.min_ts_ms, now_ms - max_past_ms)
         high = (
             self.max_ts_ms if max_future_ms is None else min(self.max_ts_ms, now_ms + max_future_ms)
@@ -168,7 +180,7 @@ class ParsedEvents:
 
 def parse_events(
     payloads: Sequence[bytes],
-    bounds: EventBounds = EventBounds(),  # noqa: B008 - immutable
+    bounds: EventBounds = EventBounds(),
     max_payload_bytes: int = 65_536,
 ) -> ParsedEvents:
     """Validate raw JSON payloads; accepted events keep their payload order."""
@@ -207,14 +219,19 @@ def empty_events() -> pd.DataFrame:
     return _typed(pd.DataFrame({column: [] for column in EVENT_COLUMNS}))
 
 
+# msgspec says "Expected `int`, got `str` - at `$.bytes`" for a wrong type, and adds a
+# constraint ("Expected `int` >= 0 ...") for a value out of range.
+_TYPE_ERROR = re.compile(r"^Expected `[^`]+`(, got `[^`]+`)?( - at |$)")
+
+
 def _validation_reason(message: str) -> RejectReason:
     if message.startswith("Expected `object`") and " - at " not in message:
         return RejectReason.NOT_AN_OBJECT
     if message.startswith("Object missing required field"):
         return RejectReason.MISSING_FIELD
-    if message.endswith("- at `$.kind`"):
+    if message.startswith("Invalid value") and message.endswith("- at `$.kind`"):
         return RejectReason.UNKNOWN_KIND
-    if message.startswith("Expected `") and ", got `" in message:
+    if _TYPE_ERROR.match(message):
         return RejectReason.WRONG_TYPE
     return RejectReason.INVALID_VALUE
 
@@ -236,20 +253,27 @@ def _columns(decoded: dict[type[_Event], list[tuple[int, _Event]]]) -> pd.DataFr
     for column, absent in EVENT_COLUMNS.items():
         if column not in merged:
             merged[column] = absent
-        elif absent is not None:
-            values = merged[column].to_numpy(dtype=object)
-            values[pd.isna(values)] = absent
-            merged[column] = values
+        else:
+            filled = merged[column].to_numpy(dtype=object)
+            filled[pd.isna(filled)] = absent
+            merged[column] = filled
     merged = merged[list(EVENT_COLUMNS)].sort_values("position", kind="stable", ignore_index=True)
     return _typed(merged)
+
+
+KIND_DTYPE = pd.CategoricalDtype([kind.value for kind in EventKind])
+ROLE_DTYPE = pd.CategoricalDtype(["leader", "follower"])
 
 
 def _typed(frame: pd.DataFrame) -> pd.DataFrame:
     for column in _INT_COLUMNS:
         frame[column] = frame[column].astype(np.int64)
     frame["in_sync"] = frame["in_sync"].astype(np.bool_)
-    for column in ("kind", *_NULLABLE_STRINGS):
+    for column in _NULLABLE_STRINGS:
         frame[column] = frame[column].astype(object)
+    # Categorical, so consumers get integer codes without hashing strings again.
+    frame["kind"] = frame["kind"].astype(KIND_DTYPE)
+    frame["role"] = frame["role"].astype(ROLE_DTYPE)
     return frame
 
 
@@ -278,7 +302,9 @@ def _check_values(
         fresh = failed & ~bad  # report the first failed check only
         bad |= failed
         for position, value in zip(
-            accepted["position"].to_numpy()[fresh], _failed_values(accepted, reason, fresh), strict=True
+            accepted["position"].to_numpy()[fresh],
+            _failed_values(accepted, reason, fresh),
+            strict=True,
         ):
             rows.append((int(position), reason, f"{message} (got {value!r})", payloads[position]))
     rejected = pd.DataFrame(rows, columns=list(ParsedEvents.REJECTED_COLUMNS))
@@ -293,4 +319,4 @@ def _failed_values(
         RejectReason.TS_OUT_OF_BOUNDS: "ts",
         RejectReason.INVALID_TOPIC: "topic",
     }[reason]
-    return list(accepted[column].to_numpy()[rows])
+    return list(accepted[column].to_numpy()[rows].tolist())

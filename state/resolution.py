@@ -45,6 +45,7 @@ class _Level:
     client: Slot
     sharing: Sharing
 
+
 #: Kafka's precedence, first match wins (``DefaultQuotaCallback.quotaMetricTags``).
 LEVELS = (
     _Level(1, "name", "name", Sharing.USER_AND_CLIENT),
@@ -58,9 +59,7 @@ LEVELS = (
 )
 #: Level reported when no level sets the quota: unlimited, one counter per client-id.
 NO_LEVEL = 0
-SHARING_BY_LEVEL = np.array(
-    [Sharing.CLIENT] + [level.sharing for level in LEVELS], dtype=np.int64
-)
+SHARING_BY_LEVEL = np.array([Sharing.CLIENT] + [level.sharing for level in LEVELS], dtype=np.int64)
 
 
 def _slot(name: str | None) -> Slot:
@@ -78,13 +77,31 @@ class ClientResolution:
         return result
 
 
+@dataclass(frozen=True)
+class ClientPairs:
+    """Distinct (user, client-id) pairs, as codes into the distinct users and client-ids."""
+
+    users: ObjectArray
+    clients: ObjectArray
+    user_of_pair: Int64Array
+    client_of_pair: Int64Array
+
+    def __len__(self) -> int:
+        return len(self.user_of_pair)
+
+
 class _LevelLookup:
-    """Limits configured at one precedence level, looked up for many (user, client) at once."""
+    """Limits configured at one precedence level, looked up for many pairs at once.
+
+    A level keyed by user (or client-id) is looked up once per distinct user (or client-id);
+    a level keyed by both only for pairs whose user appears at that level.
+    """
 
     def __init__(self, level: _Level, entries: dict[tuple[str | None, str | None], float]) -> None:
         self.level = level
         self._scalar: float | None = None
         self._index: pd.Index | None = None
+        self._users_at_level = pd.Index([], dtype=object)
         self._values = np.zeros(0, dtype=np.float64)
         named = [(user, client, rate) for (user, client), rate in entries.items()]
         if level.user != "name" and level.client != "name":
@@ -94,27 +111,38 @@ class _LevelLookup:
             return
         if level.user == "name" and level.client == "name":
             self._index = pd.MultiIndex.from_tuples([(u, c) for u, c, _ in named])
+            self._users_at_level = pd.Index(sorted({u for u, _, _ in named}), dtype=object)
         elif level.user == "name":
             self._index = pd.Index([u for u, _, _ in named], dtype=object)
         else:
             self._index = pd.Index([c for _, c, _ in named], dtype=object)
         self._values = np.array([rate for _, _, rate in named], dtype=np.float64)
 
-    def lookup(self, users: ObjectArray, clients: ObjectArray) -> FloatArray:
-        """Limit per entity at this level, NaN where this level sets none."""
-        result = np.full(len(users), np.nan)
+    def lookup(self, pairs: ClientPairs) -> FloatArray:
+        """Limit per pair at this level, NaN where this level sets none."""
+        result = np.full(len(pairs), np.nan)
         if self._scalar is not None:
             result[:] = self._scalar
             return result
-        if self._index is None or len(self._index) == 0:
+        if self._index is None:
             return result
         if isinstance(self._index, pd.MultiIndex):
-            probe: pd.Index = pd.MultiIndex.from_arrays([users, clients])
-        elif self.level.user == "name":
-            probe = pd.Index(users, dtype=object)
-        else:
-            probe = pd.Index(clients, dtype=object)
-        position = np.asarray(self._index.get_indexer(probe))
+            user_listed = self._users_at_level.get_indexer(pd.Index(pairs.users, dtype=object)) >= 0
+            candidates = np.flatnonzero(user_listed[pairs.user_of_pair])
+            probe = pd.MultiIndex.from_arrays(
+                [
+                    pairs.users[pairs.user_of_pair[candidates]],
+                    pairs.clients[pairs.client_of_pair[candidates]],
+                ]
+            )
+            position = np.asarray(self._index.get_indexer(probe))
+            found = position >= 0
+            result[candidates[found]] = self._values[position[found]]
+            return result
+        by_user = self.level.user == "name"
+        names = pairs.users if by_user else pairs.clients
+        code = pairs.user_of_pair if by_user else pairs.client_of_pair
+        position = np.asarray(self._index.get_indexer(pd.Index(names, dtype=object)))[code]
         found = position >= 0
         result[found] = self._values[position[found]]
         return result
@@ -144,13 +172,13 @@ class QuotaResolver:
                 _LevelLookup(level, per_level[level.number]) for level in LEVELS
             ]
 
-    def client(self, quota_type: QuotaType, users: ObjectArray, clients: ObjectArray) -> ClientResolution:
-        """Precedence level and limit for each (user, client-id)."""
-        level = np.full(len(users), NO_LEVEL, dtype=np.int64)
-        limit = np.full(len(users), UNLIMITED)
+    def client(self, quota_type: QuotaType, pairs: ClientPairs) -> ClientResolution:
+        """Precedence level and limit for each distinct (user, client-id) pair."""
+        level = np.full(len(pairs), NO_LEVEL, dtype=np.int64)
+        limit = np.full(len(pairs), UNLIMITED)
         # Walk from the lowest precedence up so that higher levels overwrite.
         for lookup in reversed(self._client_levels[quota_type]):
-            found_limit = lookup.lookup(users, clients)
+            found_limit = lookup.lookup(pairs)
             found = ~np.isnan(found_limit)
             level[found] = lookup.level.number
             limit[found] = found_limit[found]
@@ -169,7 +197,7 @@ class QuotaResolver:
         if overrides:
             index = pd.Index(list(overrides), dtype=np.int64)
             values = np.array(list(overrides.values()), dtype=np.float64)
-            position = np.asarray(index.get_indexer(brokers))
+            position = np.asarray(index.get_indexer(pd.Index(brokers, dtype=np.int64)))
             found = position >= 0
             limit[found] = values[position[found]]
         return limit
@@ -210,7 +238,9 @@ def _in_lists(
     partitions: Int64Array,
     brokers: Int64Array,
 ) -> BoolArray:
-    wildcard = [name for name, throttles in topics_config.items() if pick(throttles).every_partition]
+    wildcard = [
+        name for name, throttles in topics_config.items() if pick(throttles).every_partition
+    ]
     listed = [
         (name, partition, broker)
         for name, throttles in topics_config.items()

@@ -110,8 +110,8 @@ class RollingTable:
 
     def retained(self, key: str) -> dict[int, int]:
         """``{sample index: bytes}`` of the samples still inside ``key``'s window."""
-        row = self._keys.get_indexer([key])[0]
-        if row < 0:
+        row = self._keys.get_indexer(pd.Index([key], dtype=object))[0]
+        if row < 0 or self._clock[row] == EMPTY:
             return {}
         low = self._clock[row] // self.spec.window_ms - self.spec.samples + 1
         return {
@@ -121,7 +121,7 @@ class RollingTable:
         }
 
     def clock_of(self, key: str) -> int | None:
-        row = self._keys.get_indexer([key])[0]
+        row = self._keys.get_indexer(pd.Index([key], dtype=object))[0]
         return None if row < 0 else int(self._clock[row])
 
     # ------------------------------------------------------------------ updates
@@ -142,8 +142,11 @@ class RollingTable:
         nbytes = np.asarray(nbytes, dtype=np.int64)
         if not len(ts) == len(nbytes) == len(event_entity):
             raise ValueError("event_entity, ts and nbytes must have the same length")
-        rows = self._rows_for(np.asarray(entity_keys, dtype=object))[event_entity]
-        return self._record_rows(rows, ts, nbytes)
+        keys = np.asarray(entity_keys, dtype=object)
+        referenced = np.bincount(event_entity, minlength=len(keys)) > 0
+        rows_of_key = np.full(len(keys), -1, dtype=np.int64)
+        rows_of_key[referenced] = self._rows_for(keys[referenced])
+        return self._record_rows(rows_of_key[event_entity], ts, nbytes)
 
     def evict_idle(self, horizon_ms: int) -> int:
         """Drop entities whose every sample is out of the window at ``horizon_ms``.
@@ -165,7 +168,7 @@ class RollingTable:
 
     # ------------------------------------------------------------------ internals
     def _rows_for(self, keys: npt.NDArray[np.object_]) -> Int64Array:
-        rows = np.asarray(self._keys.get_indexer(keys), dtype=np.int64)
+        rows = np.asarray(self._keys.get_indexer(pd.Index(keys, dtype=object)), dtype=np.int64)
         missing = rows < 0
         if missing.any():
             new_keys = keys[missing]
@@ -187,7 +190,8 @@ class RollingTable:
         if count == 0:
             empty = np.zeros(0, dtype=np.int64)
             return Measurement(empty, empty, empty, np.zeros(0, dtype=np.bool_))
-        order = np.argsort(rows, kind="stable")
+        # Unique keys (row, position) make the faster unstable sort keep input order per row.
+        order = np.argsort(rows * count + np.arange(count, dtype=np.int64))
         batch = _GroupedBatch.build(rows[order], ts[order], nbytes[order], self._clock)
         if batch.too_wide(self.spec):
             # Exact by construction: the split halves are applied one after the other.
@@ -369,7 +373,7 @@ class _CompositeKeys:
         return _CompositeKeys(base=base, span=span)
 
     def of(self, sample: Int64Array, group: Int64Array) -> Int64Array:
-        relative = np.clip(sample - self.base[group], 0, self.span - 1)
+        relative: Int64Array = np.clip(sample - self.base[group], 0, self.span - 1)
         return group * self.span + relative
 
     def sample_of(self, key: Int64Array, group: Int64Array) -> Int64Array:

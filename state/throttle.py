@@ -27,6 +27,7 @@ def throttle_ms(rate: FloatArray, limit: FloatArray, window_size_ms: Int64Array)
     exceeded = rate > limit
     delay = np.zeros(len(rate), dtype=np.int64)
     over = np.flatnonzero(exceeded)
-    raw = (rate[over] - limit[over]) / limit[over] * window_size_ms[over]
+    with np.errstate(over="ignore"):  # an infinite quotient is capped just below
+        raw = (rate[over] - limit[over]) / limit[over] * window_size_ms[over]
     delay[over] = np.clip(java_round(raw), 1, MAX_THROTTLE_MS).astype(np.int64)
     return delay

@@ -45,7 +45,8 @@ def _parser() -> argparse.ArgumentParser:
         "--now",
         type=int,
         metavar="MS",
-        help="clock for relative event-time bounds (epoch ms); without it only absolute bounds apply",
+        help="clock (epoch ms) for the relative event-time bounds; without it only the absolute "
+        "bounds apply",
     )
     run_replay.add_argument(
         "--batch-size", type=int, default=65_536, metavar="LINES", help=argparse.SUPPRESS
@@ -82,22 +83,21 @@ def _replay(args: argparse.Namespace) -> int:
             )
             stats = replay(
                 events,
-                QuotaCore(config),
-                sys.stdout,
-                dead_letter,
-                settings.events.bounds(args.now),
-                settings.events.max_payload_bytes,
+                core=QuotaCore(config),
+                decisions_out=sys.stdout,
+                dead_letter_out=dead_letter,
+                bounds=settings.events.bounds(args.now),
+                max_payload_bytes=settings.events.max_payload_bytes,
                 batch_lines=args.batch_size,
             )
         except OSError as exc:
             return _fail(EXIT_UNREADABLE_INPUT, f"cannot read or write: {exc}")
-    if args.dead_letter:
-        summary = ", ".join(f"{r}={n}" for r, n in sorted(stats.rejected_by_reason.items()))
-        print(
-            f"quotastream: {stats.lines} lines, {stats.accepted} decided, "
-            f"{stats.rejected} rejected" + (f" ({summary})" if summary else ""),
-            file=sys.stderr,
-        )
+    reasons = ", ".join(f"{r}={n}" for r, n in sorted(stats.rejected_by_reason.items()))
+    print(
+        f"quotastream: {stats.lines} lines, {stats.accepted} decided, "
+        f"{stats.rejected} rejected" + (f" ({reasons})" if reasons else ""),
+        file=sys.stderr,
+    )
     return EXIT_OK
 
 

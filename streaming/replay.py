@@ -19,8 +19,19 @@ from state.core import QuotaCore
 from state.events import EventBounds, parse_events
 
 #: Output fields per quota; every line also carries ``line`` (1-based input line number).
-_COMMON = ["line", "ts", "kind", "quota", "entity", "rate", "limit", "throttle_ms", "exceeded",
-           "window_ms", "late"]  # fmt: skip
+_COMMON = [
+    "line",
+    "ts",
+    "kind",
+    "quota",
+    "entity",
+    "rate",
+    "limit",
+    "throttle_ms",
+    "exceeded",
+    "window_ms",
+    "late",
+]
 _FIELDS_BY_QUOTA = {
     "produce": [*_COMMON, "level"],
     "fetch": [*_COMMON, "level"],
@@ -42,6 +53,7 @@ class ReplayStats:
 
 def replay(
     events: BinaryIO,
+    *,
     core: QuotaCore,
     decisions_out: TextIO,
     dead_letter_out: TextIO,
@@ -58,22 +70,26 @@ def replay(
             decisions[column] = parsed.accepted[column].to_numpy()
         _write_lines(decision_lines(decisions), decisions_out)
         rejected = parsed.rejected
-        _write_lines([_dead_letter_line(row, first_line) for row in rejected.itertuples()],
-                     dead_letter_out)  # fmt: skip
+        _write_lines(
+            [_dead_letter_line(row, first_line) for row in rejected.itertuples()], dead_letter_out
+        )
         stats.lines += len(payloads)
         stats.accepted += len(decisions)
         stats.rejected += len(rejected)
         for reason, count in rejected["reason"].value_counts().items():
-            stats.rejected_by_reason[str(reason)] = stats.rejected_by_reason.get(str(reason), 0) + int(count)
+            stats.rejected_by_reason[str(reason)] = stats.rejected_by_reason.get(
+                str(reason), 0
+            ) + int(count)
     return stats
 
 
 def decision_lines(decisions: pd.DataFrame) -> list[str]:
     """JSON lines in input order, each with the fields of its quota."""
     lines = np.empty(len(decisions), dtype=object)
-    quota = decisions["quota"].fillna("").to_numpy()
-    for name in np.unique(quota):
-        rows = np.flatnonzero(quota == name)
+    quota = decisions["quota"].cat
+    for code in np.unique(quota.codes):
+        rows = np.flatnonzero(quota.codes == code)
+        name = quota.categories[code] if code >= 0 else None
         fields = _FIELDS_BY_QUOTA.get(name, _NON_QUOTA_FIELDS)
         subset = decisions.iloc[rows][fields]
         if "level" in subset:

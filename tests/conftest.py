@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from streaming.cli import main
+
+
+@dataclass
+class ReplayRun:
+    exit_code: int
+    decisions: list[dict[str, Any]]
+    rejected: list[dict[str, Any]]
+    stderr: str
+
+
+ReplayRunner = Callable[..., ReplayRun]
+
+
+@pytest.fixture
+def replay_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> ReplayRunner:
+    """Runs ``quotastream replay`` in-process on events and a quota config given as Python data."""
+
+    def run(
+        config: dict[str, Any] | str,
+        events: Sequence[dict[str, Any] | str | bytes],
+        *extra: str,
+    ) -> ReplayRun:
+        config_path = tmp_path / "quotas.yaml"
+        config_path.write_text(config if isinstance(config, str) else yaml.safe_dump(config))
+        events_path = tmp_path / "events.jsonl"
+        with events_path.open("wb") as out:
+            for event in events:
+                line = (
+                    event
+                    if isinstance(event, bytes)
+                    else (event.encode() if isinstance(event, str) else json.dumps(event).encode())
+                )
+                out.write(line + b"\n")
+        dead_letter = tmp_path / "dead-letter.jsonl"
+        code = main(
+            [
+                "replay",
+                str(events_path),
+                "--config",
+                str(config_path),
+                "--dead-letter",
+                str(dead_letter),
+                *extra,
+            ]
+        )
+        captured = capsys.readouterr()
+        decisions = [json.loads(line) for line in captured.out.splitlines()]
+        rejected = (
+            [json.loads(line) for line in dead_letter.read_text().splitlines()]
+            if dead_letter.exists()
+            else []
+        )
+        return ReplayRun(code, decisions, rejected, captured.err)
+
+    return run

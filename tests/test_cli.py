@@ -1,0 +1,175 @@
+"""``quotastream replay`` as a user runs it: exit codes, messages, inputs and outputs."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streaming.cli import EXIT_BAD_CONFIG, EXIT_UNREADABLE_INPUT, main
+from tests.conftest import ReplayRunner
+from tests.factories import BASE, fetch, produce, remote, replication
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = {
+    "clients": [
+        {"user": "<default>", "producer_byte_rate": 2000, "consumer_byte_rate": 3000},
+        {"user": "u1", "producer_byte_rate": 500},
+    ],
+    "brokers": {
+        "<default>": {
+            "remote.log.manager.copy.max.bytes.per.second": 4000,
+            "leader.replication.throttled.rate": 1500,
+        }
+    },
+    "topics": {"t": {"leader.replication.throttled.replicas": "*"}},
+}
+
+
+def mixed_events(seed: int, count: int) -> list[dict[str, object]]:
+    rng = random.Random(seed)
+    makers = [
+        lambda ts: produce(
+            f"u{rng.randrange(3)}",
+            f"c{rng.randrange(2)}",
+            rng.randrange(3000),
+            ts,
+            broker=rng.randrange(2),
+        ),
+        lambda ts: fetch(f"u{rng.randrange(3)}", "c0", rng.randrange(3000), ts),
+        lambda ts: remote("remote_copy", rng.randrange(2), rng.randrange(5000), ts),
+        lambda ts: replication(
+            rng.randrange(2),
+            "leader",
+            "t",
+            rng.randrange(3),
+            5,
+            rng.random() < 0.5,
+            rng.randrange(2000),
+            ts,
+        ),
+    ]
+    return [rng.choice(makers)(BASE + rng.randrange(30_000)) for _ in range(count)]
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(seed=st.integers(0, 10**6), batch=st.integers(1, 50))
+def test_decisions_do_not_depend_on_the_batch_size(
+    replay_cli: ReplayRunner, seed: int, batch: int
+) -> None:
+    events = mixed_events(seed, 120)
+    whole = replay_cli(CONFIG, events)
+    batched = replay_cli(CONFIG, events, "--batch-size", str(batch))
+    assert batched.decisions == whole.decisions
+    assert len(whole.decisions) == len(events)
+
+
+def test_bad_config_exits_2_naming_the_key(replay_cli: ReplayRunner) -> None:
+    run = replay_cli("clients: [{user: a, producer_byte_rate: -1}]", [])
+    assert run.exit_code == EXIT_BAD_CONFIG
+    assert "clients[0].producer_byte_rate: Input should be greater than 0 (got -1)" in run.stderr
+    assert run.decisions == []
+
+
+def test_unreadable_events_file_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "q.yaml"
+    config.write_text("{}")
+    code = main(["replay", str(tmp_path / "missing.jsonl"), "--config", str(config)])
+    assert code == EXIT_UNREADABLE_INPUT
+    assert "missing.jsonl" in capsys.readouterr().err
+
+
+def test_missing_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    events = tmp_path / "e.jsonl"
+    events.write_text("")
+    assert main(["replay", str(events), "--config", str(tmp_path / "nope.yaml")]) == EXIT_BAD_CONFIG
+    assert "nope.yaml: file not found" in capsys.readouterr().err
+
+
+def test_now_applies_the_engine_bounds(replay_cli: ReplayRunner, tmp_path: Path) -> None:
+    engine = tmp_path / "engine.yaml"
+    engine.write_text("events: {max_past_ms: 1000, max_future_ms: 1000}")
+    events = [
+        produce("a", "b", 1, BASE - 2000),
+        produce("a", "b", 1, BASE),
+        produce("a", "b", 1, BASE + 2000),
+    ]
+    without_clock = replay_cli({}, events, "--engine-config", str(engine))
+    assert len(without_clock.decisions) == 3
+    with_clock = replay_cli({}, events, "--engine-config", str(engine), "--now", str(BASE))
+    assert [d["line"] for d in with_clock.decisions] == [2]
+    assert [r["reason"] for r in with_clock.rejected] == ["ts_out_of_bounds"] * 2
+
+
+def test_environment_overrides_the_engine_file(
+    replay_cli: ReplayRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = tmp_path / "engine.yaml"
+    engine.write_text("events: {max_past_ms: 1000}")
+    monkeypatch.setenv("QUOTASTREAM_EVENTS__MAX_PAST_MS", "5000")
+    run = replay_cli(
+        {}, [produce("a", "b", 1, BASE - 2000)], "--engine-config", str(engine), "--now", str(BASE)
+    )
+    assert len(run.decisions) == 1
+
+
+def test_bad_engine_setting_from_the_environment_is_named(
+    replay_cli: ReplayRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("QUOTASTREAM_EVENTS__MAX_PAYLOAD_BYTES", "tiny")
+    run = replay_cli({}, [])
+    assert run.exit_code == EXIT_BAD_CONFIG
+    assert "events.max_payload_bytes: Input should be a valid integer" in run.stderr
+    assert "(got 'tiny')" in run.stderr
+
+
+def test_console_script_reads_stdin_and_writes_rejects_to_stderr(tmp_path: Path) -> None:
+    config = tmp_path / "q.yaml"
+    config.write_text("clients: [{user: a, producer_byte_rate: 100}]")
+    lines = [json.dumps(produce("a", "c", 5000, BASE)), "{broken"]
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("quotastream")),
+            "replay",
+            "-",
+            "--config",
+            str(config),
+        ],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    decision = json.loads(result.stdout)
+    assert (decision["line"], decision["throttle_ms"]) == (1, 40_000)  # 500 B/s over 10 s
+    *rejects, summary = result.stderr.strip().splitlines()
+    assert summary == "quotastream: 2 lines, 1 decided, 1 rejected (invalid_json=1)"
+    reject = json.loads(rejects[-1])
+    assert (reject["line"], reject["reason"], reject["payload"]) == (2, "invalid_json", "{broken")
+
+
+def test_shipped_example_replays(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "replay",
+            str(REPO / "examples" / "events.jsonl"),
+            "--config",
+            str(REPO / "conf" / "quotas.yaml"),
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0
+    decisions = [json.loads(line) for line in captured.out.splitlines()]
+    throttled = {d["quota"] for d in decisions if d.get("throttle_ms", 0) > 0}
+    assert throttled == {"produce", "fetch", "remote_copy", "leader_replication"}
+    assert any(d.get("leave_out") for d in decisions)
+    assert "3 rejected" in captured.err

@@ -1,0 +1,113 @@
+"""Quota configuration: defaults, Kafka's names, and errors that name file, key and value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from state.config import DEFAULT, QuotaConfig, ThrottledReplicas, load_quota_config
+from state.configfile import ConfigError
+from state.quota_types import QuotaType
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def load(tmp_path: Path, text: str) -> QuotaConfig:
+    path = tmp_path / "quotas.yaml"
+    path.write_text(text)
+    return load_quota_config(path)
+
+
+def error_of(tmp_path: Path, text: str) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path, text)
+    return str(caught.value)
+
+
+def test_shipped_example_is_valid() -> None:
+    config = load_quota_config(REPO / "conf" / "quotas.yaml")
+    assert config.clients
+    assert config.brokers[DEFAULT].rate_for(QuotaType.REMOTE_COPY) is not None
+
+
+def test_empty_file_means_kafka_defaults_and_no_quotas(tmp_path: Path) -> None:
+    config = load(tmp_path, "")
+    for quota_type in QuotaType:
+        settings = config.quota_types.of(quota_type)
+        assert (settings.samples, settings.window_ms, settings.scope) == (11, 1000, "broker")
+    assert (config.clients, config.brokers, config.topics) == ([], {}, {})
+
+
+def test_kafka_names_and_replica_lists_parse(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        """
+brokers:
+  <default>: {leader.replication.throttled.rate: 1000}
+  7: {follower.replication.throttled.rate: 5.5}
+topics:
+  orders:
+    leader.replication.throttled.replicas: " 0:101 , 1:102,"
+    follower.replication.throttled.replicas: "*"
+""",
+    )
+    assert config.brokers[DEFAULT].rate_for(QuotaType.LEADER_REPLICATION) == 1000
+    assert config.brokers[7].rate_for(QuotaType.FOLLOWER_REPLICATION) == 5.5
+    orders = config.topics["orders"]
+    assert orders.leader == ThrottledReplicas(replicas=frozenset({(0, 101), (1, 102)}))
+    assert orders.follower.every_partition
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "clients: [{user: a, producer_byte_rate: -5}]",
+            "clients[0].producer_byte_rate: Input should be greater than 0 (got -5)",
+        ),
+        ("clients: [{user: a, producer_byte_rate: 0}]", "clients[0].producer_byte_rate"),
+        ("clients: [{user: a, producer_byte_rate: '100'}]", "(got '100')"),
+        ("clients: [{user: a, producer_byte_rate: .inf}]", "producer_byte_rate"),
+        (
+            "clients: [{user: a, produce_byte_rate: 5}]",
+            "clients[0].produce_byte_rate: Extra inputs",
+        ),
+        ("clients: [{user: a}]", "sets neither producer_byte_rate nor consumer_byte_rate"),
+        ("clients: [{producer_byte_rate: 5}]", "needs 'user', 'client_id' or both"),
+        (
+            "clients: [{user: a, producer_byte_rate: 5}, {user: a, consumer_byte_rate: 5}]",
+            "clients[1] repeats the entity of clients[0]",
+        ),
+        ("quota_types: {produce: {samples: 0}}", "quota_types.produce.samples"),
+        ("quota_types: {produce: {scope: region}}", "quota_types.produce.scope"),
+        ("quota_types: {produse: {}}", "quota_types.produse: Extra inputs"),
+        ("brokers: {abc: {}}", "broker key 'abc' is not a broker id"),
+        (
+            "brokers: {1: {leader.replication.throttled.rat: 5}}",
+            "brokers[1]['leader.replication.throttled.rat']: Extra inputs",
+        ),
+        ("topics: {'bad topic': {}}", "'bad topic' is not a legal Kafka topic name"),
+        (
+            "topics: {t: {leader.replication.throttled.replicas: '0-1'}}",
+            "entry '0-1' is not 'partition:broker'",
+        ),
+        (
+            "quota_types: {remote_copy: {scope: cluster}}\n"
+            "brokers: {1: {remote.log.manager.copy.max.bytes.per.second: 5}}",
+            "quota_types.remote_copy.scope is 'cluster'",
+        ),
+        ("clients: [{user: a, producer_byte_rate: 5}]\nclients: []", "duplicate key 'clients'"),
+        ("clients: [unclosed", "invalid YAML"),
+        ("- just a list", "the top level must be a mapping"),
+    ],
+)
+def test_errors_name_file_key_and_value(tmp_path: Path, text: str, expected: str) -> None:
+    message = error_of(tmp_path, text)
+    assert message.startswith(str(tmp_path / "quotas.yaml"))
+    assert expected in message
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nope\.yaml: file not found"):
+        load_quota_config(tmp_path / "nope.yaml")

@@ -1,0 +1,222 @@
+"""The one validator: every payload is either accepted or rejected with a reason."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from state.events import EVENT_COLUMNS, EventBounds, RejectReason, parse_events
+from tests.conftest import ReplayRunner
+from tests.factories import BASE, fetch, produce, remote, replication
+
+SEGMENT = {
+    "kind": "remote_segment",
+    "broker": 1,
+    "topic": "t",
+    "partition": 3,
+    "leader_epoch": 2,
+    "segment_id": "AAAA-1",
+    "state": "copy_finished",
+    "bytes": 1024,
+    "ts": BASE,
+}
+
+VALID: list[dict[str, Any]] = [
+    produce("alice", "app1", 10, BASE),
+    fetch("alice", "", 0, BASE),  # empty client-id and zero bytes are legal
+    remote("remote_copy", 1, 100, BASE),
+    {**remote("remote_fetch", 1, 100, BASE), "client_id": "c"},
+    replication(1, "leader", "orders", 0, 2, True, 5, BASE),
+    SEGMENT,
+    {**produce("alice", "app1", 10_000, BASE), "count": 42},  # a per-second summary
+    {**produce("alice", "app1", 1, BASE), "extra": {"nested": [1, 2]}},  # unknown fields ignored
+]
+
+
+def encode(event: dict[str, Any]) -> bytes:
+    return json.dumps(event).encode()
+
+
+def test_valid_events_of_every_kind_are_accepted_with_their_values() -> None:
+    parsed = parse_events([encode(e) for e in VALID])
+    assert parsed.rejected.empty
+    accepted = parsed.accepted
+    assert list(accepted.columns) == list(EVENT_COLUMNS)
+    assert accepted["position"].tolist() == list(range(len(VALID)))
+    assert accepted["kind"].tolist() == [e["kind"] for e in VALID]
+    assert accepted["bytes"].tolist() == [e["bytes"] for e in VALID]
+    assert accepted["count"].tolist() == [1, 1, 1, 1, 1, 1, 42, 1]
+    assert accepted["broker"].tolist() == [1] * 8
+    assert accepted["partition"].tolist() == [-1, -1, 0, 0, 0, 3, -1, -1]
+    assert accepted["in_sync"].tolist() == [False, False, False, False, True, False, False, False]
+    assert accepted["client_id"].tolist() == ["app1", "", None, "c", None, None, "app1", "app1"]
+    assert accepted["leader_epoch"].tolist()[5] == 2
+    assert accepted["ts"].dtype == np.int64
+
+
+def with_(event: dict[str, Any], **changes: Any) -> bytes:
+    return encode({**event, **changes})
+
+
+def without(event: dict[str, Any], field: str) -> bytes:
+    return encode({k: v for k, v in event.items() if k != field})
+
+
+P = produce("alice", "app1", 10, BASE)
+R = replication(1, "leader", "orders", 0, 2, False, 5, BASE)
+# One generator per way of being wrong, each with the reason it must be rejected for.
+BAD: list[tuple[RejectReason, Any]] = [
+    (RejectReason.INVALID_JSON, lambda i: b"not json " + str(i).encode()),
+    (RejectReason.INVALID_JSON, lambda i: encode(P)[: -1 - i % 5]),  # truncated
+    (RejectReason.INVALID_JSON, lambda i: encode(P) + b" trailing"),
+    (RejectReason.INVALID_JSON, lambda i: b""),
+    (RejectReason.INVALID_JSON, lambda i: encode(P).replace(b"10", b"NaN")),
+    (RejectReason.INVALID_JSON, lambda i: encode(P).replace(b"10", b"Infinity")),
+    (RejectReason.INVALID_UTF8, lambda i: encode(P).replace(b"alice", b"al\xffice")),
+    (
+        RejectReason.TOO_DEEP,
+        lambda i: encode(P)[:-1] + b',"x":' + b"[" * 10_000 + b"]" * 10_000 + b"}",
+    ),
+    (RejectReason.TOO_LARGE, lambda i: with_(P, user="u" * 70_000)),
+    (RejectReason.NOT_AN_OBJECT, lambda i: json.dumps([P]).encode()),
+    (RejectReason.NOT_AN_OBJECT, lambda i: b"42"),
+    (RejectReason.UNKNOWN_KIND, lambda i: with_(P, kind=f"produce{i}")),
+    (RejectReason.MISSING_FIELD, lambda i: without(P, "kind")),
+    (RejectReason.MISSING_FIELD, lambda i: without(P, "user")),
+    (RejectReason.MISSING_FIELD, lambda i: without(P, "ts")),
+    (RejectReason.MISSING_FIELD, lambda i: without(R, "in_sync")),
+    (RejectReason.WRONG_TYPE, lambda i: with_(P, bytes=str(i))),
+    (RejectReason.WRONG_TYPE, lambda i: with_(P, bytes=1.5)),
+    (RejectReason.WRONG_TYPE, lambda i: with_(P, ts=float(BASE))),
+    (RejectReason.WRONG_TYPE, lambda i: with_(P, broker=True)),
+    (RejectReason.WRONG_TYPE, lambda i: with_(P, user=None)),
+    (RejectReason.WRONG_TYPE, lambda i: with_(R, in_sync="yes")),
+    (RejectReason.WRONG_TYPE, lambda i: with_(P, kind=7)),
+    (RejectReason.INVALID_VALUE, lambda i: with_(P, bytes=2**64 + i)),  # overflows int64
+    (RejectReason.INVALID_VALUE, lambda i: with_(P, broker=-1 - i)),
+    (RejectReason.INVALID_VALUE, lambda i: with_(P, user="")),
+    (RejectReason.INVALID_VALUE, lambda i: with_(P, count=0)),
+    (RejectReason.INVALID_VALUE, lambda i: with_(R, role="boss")),
+    (RejectReason.INVALID_VALUE, lambda i: with_(R, partition=-1)),
+    (RejectReason.NEGATIVE_BYTES, lambda i: with_(P, bytes=-1 - i)),
+    (RejectReason.TS_OUT_OF_BOUNDS, lambda i: with_(P, ts=BASE // 1000)),  # seconds, not ms
+    (RejectReason.TS_OUT_OF_BOUNDS, lambda i: with_(P, ts=-5)),
+    (RejectReason.TS_OUT_OF_BOUNDS, lambda i: with_(P, ts=10**16)),
+    (RejectReason.INVALID_TOPIC, lambda i: with_(R, topic="bad topic!")),
+    (RejectReason.INVALID_TOPIC, lambda i: with_(R, topic="")),
+]
+
+
+@pytest.mark.parametrize(("reason", "make"), BAD, ids=[f"{r}-{i}" for i, (r, _) in enumerate(BAD)])
+def test_each_kind_of_bad_payload_is_rejected_with_its_reason(
+    reason: RejectReason, make: Any
+) -> None:
+    payload = make(3)
+    parsed = parse_events([encode(P), payload, encode(P)])
+    assert parsed.accepted["position"].tolist() == [0, 2]
+    assert parsed.rejected["position"].tolist() == [1]
+    assert parsed.rejected["reason"].tolist() == [reason]
+    assert parsed.rejected["payload"].tolist() == [payload]
+    assert parsed.rejected["detail"].iloc[0]
+
+
+def test_bounds_narrow_around_a_clock() -> None:
+    bounds = EventBounds().around(now_ms=BASE, max_past_ms=60_000, max_future_ms=1_000)
+    parsed = parse_events(
+        [
+            with_(P, ts=BASE - 60_001),
+            with_(P, ts=BASE - 60_000),
+            with_(P, ts=BASE + 1_000),
+            with_(P, ts=BASE + 1_001),
+        ],
+        bounds,
+    )
+    assert parsed.accepted["position"].tolist() == [1, 2]
+    assert parsed.rejected["reason"].tolist() == [RejectReason.TS_OUT_OF_BOUNDS] * 2
+
+
+def test_malformed_file_every_bad_line_rejected_every_good_line_decided(
+    replay_cli: ReplayRunner,
+) -> None:
+    rng = random.Random(7)
+    lines: list[bytes] = []
+    expected_reason: dict[int, str] = {}
+    good: list[int] = []
+    for i in range(3000):
+        if rng.random() < 0.45:
+            reason, make = BAD[i % len(BAD)]
+            lines.append(make(i))
+            expected_reason[len(lines)] = reason.value
+        else:
+            event = rng.choice(VALID[:5])
+            lines.append(with_(event, ts=BASE + i, bytes=rng.randrange(0, 10**6)))
+            good.append(len(lines))
+    assert len(expected_reason) >= 1000
+    run = replay_cli({}, lines, "--batch-size", "500")
+    assert run.exit_code == 0
+    assert {r["line"]: r["reason"] for r in run.rejected} == expected_reason
+    assert [d["line"] for d in run.decisions] == good
+    assert f"{len(lines)} lines, {len(good)} decided, {len(expected_reason)} rejected" in run.stderr
+    # The dead letter keeps the original payload (base64 where it is not UTF-8).
+    by_line = {r["line"]: r for r in run.rejected}
+    for line, record in by_line.items():
+        original = lines[line - 1]
+        assert record.get("payload", "").encode() == original or "payload_base64" in record
+
+
+def test_rejected_kinds_cover_every_reason() -> None:
+    assert {reason for reason, _ in BAD} == set(RejectReason)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3)
+    ),
+    max_leaves=10,
+)
+fields = st.sampled_from(
+    [
+        "kind",
+        "ts",
+        "bytes",
+        "count",
+        "user",
+        "client_id",
+        "broker",
+        "topic",
+        "partition",
+        "role",
+        "replica",
+        "in_sync",
+        "leader_epoch",
+        "segment_id",
+        "state",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    base=st.sampled_from(VALID),
+    changes=st.dictionaries(fields, json_values, max_size=3),
+    raw=st.binary(max_size=40),
+)
+def test_any_payload_is_accepted_or_rejected_never_both_never_lost(
+    base: dict[str, Any], changes: dict[str, Any], raw: bytes
+) -> None:
+    payloads = [encode({**base, **changes}), raw, encode(base)]
+    parsed = parse_events(payloads)
+    positions = parsed.accepted["position"].tolist() + parsed.rejected["position"].tolist()
+    assert sorted(positions) == [0, 1, 2]
+    assert 2 in parsed.accepted["position"].tolist()
+    assert set(parsed.rejected["reason"]) <= set(RejectReason)
+    accepted = parsed.accepted
+    assert (accepted["bytes"] >= 0).all()
+    assert accepted["ts"].between(EventBounds.min_ts_ms, EventBounds.max_ts_ms).all()

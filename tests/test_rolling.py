@@ -1,0 +1,251 @@
+"""The columnar rolling table against Kafka's examples and a one-event-at-a-time model."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from state.encoding import StateDecodeError, decode_table, encode_table
+from state.quota_types import WindowRule
+from state.rolling import Measurement, RollingTable, WindowSpec
+from tests.oracle import OracleWindow
+
+BASE = 1_700_000_000_000  # epoch ms, a multiple of 1000
+KAFKA = WindowSpec(samples=11, window_ms=1000, rule=WindowRule.RATE)
+
+
+@dataclass(frozen=True)
+class Event:
+    entity: int
+    ts: int
+    nbytes: int
+
+
+def record(table: RollingTable, events: list[Event]) -> Measurement:
+    keys = np.array([f"e{i}" for i in range(max((e.entity for e in events), default=0) + 1)])
+    return table.record_and_measure(
+        keys.astype(object),
+        np.array([e.entity for e in events], dtype=np.int64),
+        np.array([e.ts for e in events], dtype=np.int64),
+        np.array([e.nbytes for e in events], dtype=np.int64),
+    )
+
+
+def rows(measurement: Measurement) -> list[tuple[int, int, int, bool]]:
+    return list(
+        zip(
+            measurement.clock_ms.tolist(),
+            measurement.window_bytes.tolist(),
+            measurement.window_size_ms.tolist(),
+            measurement.recorded.tolist(),
+            strict=True,
+        )
+    )
+
+
+def oracle_rows(spec: WindowSpec, events: list[Event]) -> list[tuple[int, int, int, bool]]:
+    windows: dict[int, OracleWindow] = {}
+    result = []
+    for event in events:
+        window = windows.setdefault(
+            event.entity, OracleWindow(spec.samples, spec.window_ms, spec.rule)
+        )
+        result.append(window.record_and_measure(event.ts, event.nbytes))
+    return result
+
+
+def table_state(table: RollingTable) -> dict[str, tuple[int | None, dict[int, int]]]:
+    return {key: (table.clock_of(key), table.retained(key)) for key in table.keys}
+
+
+# ---------------------------------------------------------------------------- Kafka's examples
+def test_reference_example_throttles_2100_ms() -> None:
+    """Reference §2: 400 B at t = 0..9 s, then 2300 B at 10.5 s against 500 B/s."""
+    table = RollingTable(KAFKA)
+    events = [Event(0, BASE + i * 1000, 400) for i in range(10)]
+    events.append(Event(0, BASE + 10_500, 2300))
+    measured = record(table, events)
+    assert measured.rate[:10].tolist() == [40.0 * (i + 1) for i in range(10)]
+    assert measured.window_bytes[-1] == 6300
+    assert measured.window_size_ms[-1] == 10_500
+    assert measured.rate[-1] == pytest.approx(600.0)
+
+
+def test_rate_pads_a_fresh_entity_but_simple_rate_does_not() -> None:
+    """A fresh entity: Rate divides by (samples - 1) windows, SimpleRate by one window."""
+    event = [Event(0, BASE + 200, 5000)]
+    rate = record(RollingTable(KAFKA), event)
+    simple = record(RollingTable(WindowSpec(11, 1000, WindowRule.SIMPLE_RATE)), event)
+    assert rate.window_size_ms.tolist() == [10_200]
+    assert simple.window_size_ms.tolist() == [1000]
+    assert simple.rate[0] == pytest.approx(5000.0)
+    assert rate.rate[0] == pytest.approx(5000 / 10.2)
+
+
+def test_simple_rate_grows_with_the_oldest_retained_sample() -> None:
+    spec = WindowSpec(11, 1000, WindowRule.SIMPLE_RATE)
+    measured = record(RollingTable(spec), [Event(0, BASE, 100), Event(0, BASE + 3_500, 100)])
+    assert measured.window_size_ms.tolist() == [1000, 3_500]
+
+
+def test_samples_leave_the_window_after_samples_times_window() -> None:
+    table = RollingTable(KAFKA)
+    measured = record(table, [Event(0, BASE, 1000), Event(0, BASE + 10_999, 0)])
+    assert measured.window_bytes.tolist() == [1000, 1000]
+    measured = record(table, [Event(0, BASE + 11_000, 0)])
+    assert measured.window_bytes.tolist() == [0]
+    # Zero-byte events measure without adding, but they do open their samples.
+    assert table.retained("e0") == {BASE // 1000 + 10: 0, BASE // 1000 + 11: 0}
+
+
+def test_an_event_older_than_the_window_is_measured_but_not_recorded() -> None:
+    table = RollingTable(KAFKA)
+    measured = record(table, [Event(0, BASE + 20_000, 10), Event(0, BASE, 999)])
+    assert measured.recorded.tolist() == [True, False]
+    assert measured.clock_ms.tolist() == [BASE + 20_000, BASE + 20_000]
+    assert measured.window_bytes.tolist() == [10, 10]
+
+
+def test_late_event_inside_the_window_counts() -> None:
+    table = RollingTable(KAFKA)
+    measured = record(table, [Event(0, BASE + 5_000, 10), Event(0, BASE + 1_000, 20)])
+    assert measured.recorded.tolist() == [True, True]
+    assert measured.window_bytes.tolist() == [10, 30]
+    assert table.retained("e0") == {BASE // 1000 + 5: 10, BASE // 1000 + 1: 20}
+
+
+def test_entities_are_independent() -> None:
+    table = RollingTable(KAFKA)
+    measured = record(table, [Event(0, BASE, 10), Event(1, BASE, 20), Event(0, BASE, 5)])
+    assert measured.window_bytes.tolist() == [10, 20, 15]
+
+
+def test_evict_idle_drops_only_entities_with_empty_windows() -> None:
+    table = RollingTable(KAFKA)
+    record(table, [Event(0, BASE, 10), Event(1, BASE + 5_000, 20)])
+    assert table.evict_idle(BASE + 10_999) == 0
+    assert table.evict_idle(BASE + 11_000) == 1
+    assert list(table.keys) == ["e1"]
+    # A fresh start for an evicted entity equals what purging would have left.
+    measured = record(table, [Event(0, BASE + 11_000, 7)])
+    assert measured.window_bytes.tolist() == [7]
+
+
+def test_very_wide_batches_are_split_and_stay_exact() -> None:
+    """Events centuries apart would overflow the composite keys; the batch is split instead."""
+    spec = WindowSpec(3, 1, WindowRule.SIMPLE_RATE)
+    far = 2**61
+    events = [Event(0, 0, 1), Event(1, far, 2), Event(0, far, 3), Event(1, 5, 4), Event(2, 9, 1)]
+    assert rows(record(RollingTable(spec), events)) == oracle_rows(spec, events)
+
+
+def test_mismatched_lengths_are_refused() -> None:
+    with pytest.raises(ValueError, match="same length"):
+        RollingTable(KAFKA).record_and_measure(
+            np.array(["a"], dtype=object),
+            np.zeros(2, dtype=np.int64),
+            np.zeros(1, dtype=np.int64),
+            np.zeros(1, dtype=np.int64),
+        )
+
+
+# ---------------------------------------------------------------------------- properties
+specs = st.builds(
+    WindowSpec,
+    samples=st.integers(1, 12),
+    window_ms=st.sampled_from([1, 7, 1000]),
+    rule=st.sampled_from(list(WindowRule)),
+)
+
+
+@st.composite
+def event_streams(draw: st.DrawFn, max_events: int = 80) -> tuple[WindowSpec, list[Event]]:
+    spec = draw(specs)
+    horizon = draw(st.sampled_from([3, 30, 400])) * spec.window_ms
+    events = draw(
+        st.lists(
+            st.builds(
+                Event,
+                entity=st.integers(0, 5),
+                ts=st.integers(BASE, BASE + horizon),
+                nbytes=st.integers(0, 10**9),
+            ),
+            min_size=1,
+            max_size=max_events,
+        )
+    )
+    return spec, events
+
+
+def split(events: list[Event], cuts: list[int]) -> list[list[Event]]:
+    bounds = [0, *sorted(set(cuts)), len(events)]
+    return [events[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+
+
+@settings(max_examples=400, deadline=None)
+@given(stream=event_streams(), cuts=st.lists(st.integers(0, 80), max_size=8))
+def test_any_batch_split_matches_the_event_at_a_time_model(
+    stream: tuple[WindowSpec, list[Event]], cuts: list[int]
+) -> None:
+    spec, events = stream
+    table = RollingTable(spec)
+    measured = []
+    for batch in split(events, [c for c in cuts if c < len(events)]):
+        measured += rows(record(table, batch))
+    assert measured == oracle_rows(spec, events)
+
+
+@settings(max_examples=300, deadline=None)
+@given(stream=event_streams(), seed=st.integers(0, 2**32 - 1))
+def test_order_inside_a_sample_does_not_change_state_or_final_decision(
+    stream: tuple[WindowSpec, list[Event]], seed: int
+) -> None:
+    spec, events = stream
+    in_order = sorted(events, key=lambda e: e.ts // spec.window_ms)
+    shuffled = sorted(
+        random.Random(seed).sample(in_order, len(in_order)), key=lambda e: e.ts // spec.window_ms
+    )
+    first, second = RollingTable(spec), RollingTable(spec)
+    a, b = record(first, in_order), record(second, shuffled)
+    assert table_state(first) == table_state(second)
+    last_a = {e.entity: row for e, row in zip(in_order, rows(a), strict=True)}
+    last_b = {e.entity: row for e, row in zip(shuffled, rows(b), strict=True)}
+    assert last_a == last_b
+
+
+@settings(max_examples=200, deadline=None)
+@given(stream=event_streams())
+def test_rates_are_never_negative_and_windows_never_empty(
+    stream: tuple[WindowSpec, list[Event]],
+) -> None:
+    spec, events = stream
+    measured = record(RollingTable(spec), events)
+    assert (measured.rate >= 0).all()
+    assert (measured.window_size_ms >= 1).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(stream=event_streams(), cut=st.integers(0, 80), compression=st.sampled_from(["zstd", None]))
+def test_encode_decode_round_trips_and_resumes_identically(
+    stream: tuple[WindowSpec, list[Event]], cut: int, compression: str | None
+) -> None:
+    spec, events = stream
+    head, tail = events[: cut % len(events)], events[cut % len(events) :]
+    kept = RollingTable(spec)
+    record(kept, head)
+    restored = decode_table(encode_table(kept, compression=compression))  # type: ignore[arg-type]
+    assert restored.spec == spec
+    assert table_state(restored) == table_state(kept)
+    assert rows(record(restored, tail)) == rows(record(kept, tail))
+    assert encode_table(restored) == encode_table(kept)
+
+
+def test_decode_refuses_foreign_bytes() -> None:
+    with pytest.raises(StateDecodeError):
+        decode_table(b"definitely not arrow")
