@@ -15,6 +15,7 @@ and the usage counter (entity) of every event, records the bytes in that type's
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -138,7 +139,7 @@ class QuotaCore:
                 entity_code[rows] = entities.of_event + offset
                 distinct_keys.append(entities.keys)
         out["kind"] = events["kind"].astype(KIND_DTYPE).array
-        out["quota"] = pd.Categorical.from_codes(quota_codes, categories=_QUOTA_NAMES)
+        out["quota"] = pd.Categorical.from_codes(quota_codes, categories=pd.Index(_QUOTA_NAMES))
         out["entity"] = _categorical(entity_code, distinct_keys)
         return pd.DataFrame(out, columns=list(DECISION_COLUMNS))
 
@@ -300,9 +301,7 @@ def _combine(columns: list[tuple[Int64Array, int]]) -> tuple[Int64Array, Int64Ar
     return combined, first
 
 
-def _empty_decisions(
-    columns: dict[str, npt.NDArray[np.generic]], size: int
-) -> dict[str, npt.NDArray[np.generic]]:
+def _empty_decisions(columns: dict[str, npt.NDArray[np.generic]], size: int) -> dict[str, Any]:
     return {
         "position": columns["position"].astype(np.int64),
         "ts": columns["ts"].astype(np.int64),

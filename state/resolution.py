@@ -100,8 +100,8 @@ class _LevelLookup:
     def __init__(self, level: _Level, entries: dict[tuple[str | None, str | None], float]) -> None:
         self.level = level
         self._scalar: float | None = None
-        self._index: pd.Index | None = None
-        self._users_at_level = pd.Index([], dtype=object)
+        self._index: pd.Index | pd.MultiIndex | None = None
+        self._users_at_level: pd.Index = pd.Index([], dtype=object)
         self._values = np.zeros(0, dtype=np.float64)
         named = [(user, client, rate) for (user, client), rate in entries.items()]
         if level.user != "name" and level.client != "name":
@@ -111,7 +111,7 @@ class _LevelLookup:
             return
         if level.user == "name" and level.client == "name":
             self._index = pd.MultiIndex.from_tuples([(u, c) for u, c, _ in named])
-            self._users_at_level = pd.Index(sorted({u for u, _, _ in named}), dtype=object)
+            self._users_at_level = pd.Index(list({u for u, _, _ in named}), dtype=object)
         elif level.user == "name":
             self._index = pd.Index([u for u, _, _ in named], dtype=object)
         else:

@@ -89,8 +89,7 @@ def decision_lines(decisions: pd.DataFrame) -> list[str]:
     quota = decisions["quota"].cat
     for code in np.unique(quota.codes):
         rows = np.flatnonzero(quota.codes == code)
-        name = quota.categories[code] if code >= 0 else None
-        fields = _FIELDS_BY_QUOTA.get(name, _NON_QUOTA_FIELDS)
+        fields = _FIELDS_BY_QUOTA[quota.categories[code]] if code >= 0 else _NON_QUOTA_FIELDS
         subset = decisions.iloc[rows][fields]
         if "level" in subset:
             subset = subset.assign(level=subset["level"].where(subset["level"] > 0))

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -8,8 +9,15 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import settings
 
 from streaming.cli import main
+
+# CI runs the same examples every time so that a red build always reproduces; locally, hypothesis
+# explores new ones on each run.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 @dataclass
