@@ -139,7 +139,11 @@ class QuotaCore:
                 entity_code[rows] = entities.of_event + offset
                 distinct_keys.append(entities.keys)
         out["kind"] = events["kind"].astype(KIND_DTYPE).array
-        out["quota"] = pd.Categorical.from_codes(quota_codes, categories=pd.Index(_QUOTA_NAMES))
+        # pandas-stubs 2.3 types `codes` as Sequence[int]; pandas takes integer arrays.
+        out["quota"] = pd.Categorical.from_codes(
+            quota_codes,  # type: ignore[arg-type]
+            categories=pd.Index(_QUOTA_NAMES),
+        )
         out["entity"] = _categorical(entity_code, distinct_keys)
         return pd.DataFrame(out, columns=list(DECISION_COLUMNS))
 
@@ -272,7 +276,10 @@ def _categorical(codes: Int64Array, distinct_keys: list[ObjectArray]) -> pd.Cate
     unique_of_key, unique = pd.factorize(keys)
     # Code -1 (no entity) indexes the appended -1.
     lookup = np.append(unique_of_key, -1)
-    return pd.Categorical.from_codes(lookup[codes], categories=pd.Index(unique, dtype=object))
+    return pd.Categorical.from_codes(
+        lookup[codes],  # type: ignore[arg-type]  # stubs say Sequence[int]; arrays are fine
+        categories=pd.Index(unique, dtype=object),
+    )
 
 
 def _codes(values: npt.NDArray[np.generic]) -> tuple[Int64Array, ObjectArray]:
