@@ -13,11 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from operator import attrgetter
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from msgspec import Meta
 
 from state.config import TOPIC_NAME
@@ -184,27 +187,28 @@ def parse_events(
     max_payload_bytes: int = 65_536,
 ) -> ParsedEvents:
     """Validate raw JSON payloads; accepted events keep their payload order."""
-    decoded: dict[type[_Event], list[tuple[int, _Event]]] = {kind: [] for kind in _EVENT_TYPES}
-    rejected: list[tuple[int, str, str, bytes]] = []
-    for position, payload in enumerate(payloads):
-        if len(payload) > max_payload_bytes:
-            detail = f"payload is {len(payload)} bytes, the limit is {max_payload_bytes}"
-            rejected.append((position, RejectReason.TOO_LARGE, detail, payload))
-            continue
-        try:
-            event = _DECODER.decode(payload)
-        except msgspec.ValidationError as exc:
-            rejected.append((position, _validation_reason(str(exc)), str(exc), payload))
-        except msgspec.DecodeError as exc:
-            rejected.append((position, RejectReason.INVALID_JSON, str(exc), payload))
-        except UnicodeDecodeError as exc:
-            rejected.append((position, RejectReason.INVALID_UTF8, str(exc), payload))
-        except RecursionError:
-            detail = "JSON is nested too deeply"
-            rejected.append((position, RejectReason.TOO_DEEP, detail, payload))
-        else:
-            decoded[type(event)].append((position, event))
+    sizes = np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads))
+    too_large = np.flatnonzero(sizes > max_payload_bytes)
+    source = payloads
+    if len(too_large):
+        source = list(payloads)
+        for oversized in too_large.tolist():
+            source[oversized] = b"{}"  # not decoded; rejected below for its size
+    results = _decode_all(source)
+    for position in too_large.tolist():
+        detail = f"payload is {sizes[position]} bytes, the limit is {max_payload_bytes}"
+        results[position] = _Rejected(RejectReason.TOO_LARGE, detail)
 
+    type_code = np.fromiter(map(_TYPE_CODE.__getitem__, map(type, results)), np.int8, len(results))
+    decoded = {
+        event_type: _pick(results, np.flatnonzero(type_code == code))
+        for code, event_type in enumerate(_EVENT_TYPES)
+    }
+    rejected = []
+    for position in np.flatnonzero(type_code == _REJECTED_CODE).tolist():
+        failure = results[position]
+        assert isinstance(failure, _Rejected)
+        rejected.append((position, failure.reason, failure.detail, payloads[position]))
     accepted = _columns(decoded)
     accepted, late_rejects = _check_values(accepted, payloads, bounds)
     rejected_frame = pd.DataFrame(rejected, columns=list(ParsedEvents.REJECTED_COLUMNS))
@@ -213,6 +217,52 @@ def parse_events(
     rejected_frame = rejected_frame.sort_values("position", kind="stable", ignore_index=True)
     rejected_frame["position"] = rejected_frame["position"].astype(np.int64)
     return ParsedEvents(accepted=accepted, rejected=rejected_frame)
+
+
+class _Rejected(NamedTuple):
+    reason: RejectReason
+    detail: str
+
+
+_TYPE_CODE: dict[type, int] = {event_type: code for code, event_type in enumerate(_EVENT_TYPES)}
+_REJECTED_CODE = len(_EVENT_TYPES)
+_TYPE_CODE[_Rejected] = _REJECTED_CODE
+
+
+def _decode_all(payloads: Sequence[bytes]) -> list[_Event | _Rejected]:
+    """Decode every payload; a payload that fails becomes a :class:`_Rejected` in its place.
+
+    ``list.extend(map(...))`` runs the decoder in a C loop; when one payload raises, the results
+    before it are kept and decoding resumes after it.
+    """
+    results: list[_Event | _Rejected] = []
+    remaining = iter(payloads)
+    while True:
+        try:
+            results.extend(map(_DECODER.decode, remaining))
+            break
+        except msgspec.ValidationError as exc:
+            results.append(_Rejected(_validation_reason(str(exc)), str(exc)))
+        except msgspec.DecodeError as exc:
+            results.append(_Rejected(RejectReason.INVALID_JSON, str(exc)))
+        except UnicodeDecodeError as exc:
+            results.append(_Rejected(RejectReason.INVALID_UTF8, str(exc)))
+        except RecursionError:
+            results.append(_Rejected(RejectReason.TOO_DEEP, "JSON is nested too deeply"))
+    if len(results) != len(payloads):
+        raise RuntimeError("decoded results do not line up with payloads")
+    return results
+
+
+@dataclass(frozen=True)
+class _OfKind:
+    positions: npt.NDArray[np.int64]
+    events: list[_Event]
+
+
+def _pick(results: list[_Event | _Rejected], positions: npt.NDArray[np.intp]) -> _OfKind:
+    events: list[_Event] = list(map(results.__getitem__, positions.tolist()))  # type: ignore[arg-type]
+    return _OfKind(positions.astype(np.int64), events)
 
 
 def empty_events() -> pd.DataFrame:
@@ -236,33 +286,48 @@ def _validation_reason(message: str) -> RejectReason:
     return RejectReason.INVALID_VALUE
 
 
-def _columns(decoded: dict[type[_Event], list[tuple[int, _Event]]]) -> pd.DataFrame:
-    frames = []
-    for event_type, items in decoded.items():
-        if not items:
-            continue
-        fields = event_type.__struct_fields__
-        values = list(map(attrgetter(*fields), (event for _, event in items)))
-        frame = pd.DataFrame.from_records(values, columns=list(fields))
-        frame.insert(0, "position", [position for position, _ in items])
-        frame.insert(1, "kind", event_type.__struct_config__.tag)
-        frames.append(frame)
-    if not frames:
-        return empty_events()
-    merged = pd.concat(frames, ignore_index=True)
-    for column, absent in EVENT_COLUMNS.items():
-        if column not in merged:
-            merged[column] = absent
-        else:
-            filled = merged[column].to_numpy(dtype=object)
-            filled[pd.isna(filled)] = absent
-            merged[column] = filled
-    merged = merged[list(EVENT_COLUMNS)].sort_values("position", kind="stable", ignore_index=True)
-    return _typed(merged)
-
-
 KIND_DTYPE = pd.CategoricalDtype([kind.value for kind in EventKind])
 ROLE_DTYPE = pd.CategoricalDtype(["leader", "follower"])
+_ROLE_CODE = {role: code for code, role in enumerate(ROLE_DTYPE.categories)}
+_COLUMN_DTYPE: dict[str, Any] = {
+    **dict.fromkeys(_INT_COLUMNS, np.int64),
+    **dict.fromkeys(_NULLABLE_STRINGS, object),
+    "in_sync": np.bool_,
+    "kind": np.int8,  # category codes
+    "role": np.int8,  # category codes, -1 where absent
+}
+
+
+def _columns(decoded: dict[type[_Event], _OfKind]) -> pd.DataFrame:
+    """Typed columns straight from the decoded structs, one array per kind, in payload order."""
+    parts: dict[str, list[npt.NDArray[Any]]] = {column: [] for column in EVENT_COLUMNS}
+    for event_type, of_kind in decoded.items():
+        events = of_kind.events
+        count = len(events)
+        if not count:
+            continue
+        fields = set(event_type.__struct_fields__)
+        kind_code = KIND_DTYPE.categories.get_loc(event_type.__struct_config__.tag)
+        parts["position"].append(of_kind.positions)
+        parts["kind"].append(np.full(count, kind_code, dtype=np.int8))
+        for column, absent in EVENT_COLUMNS.items():
+            if column in {"position", "kind"}:
+                continue
+            dtype = _COLUMN_DTYPE[column]
+            if column not in fields:
+                parts[column].append(np.full(count, -1 if column == "role" else absent, dtype))
+                continue
+            values = list(map(attrgetter(column), events))
+            if column == "role":
+                values = [_ROLE_CODE[role] for role in values]
+            parts[column].append(np.array(values, dtype=dtype))
+    if not parts["position"]:
+        return empty_events()
+    order = np.argsort(np.concatenate(parts["position"]))
+    data: dict[str, Any] = {column: np.concatenate(parts[column])[order] for column in parts}
+    data["kind"] = pd.Categorical.from_codes(data["kind"], dtype=KIND_DTYPE)
+    data["role"] = pd.Categorical.from_codes(data["role"], dtype=ROLE_DTYPE)
+    return pd.DataFrame(data)
 
 
 def _typed(frame: pd.DataFrame) -> pd.DataFrame:
@@ -282,11 +347,15 @@ def _check_values(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Range checks over whole columns; returns (still accepted, newly rejected)."""
     ts = accepted["ts"].to_numpy()
-    topic = accepted["topic"]
-    has_topic = topic.notna().to_numpy()
+    topic = accepted["topic"].to_numpy()
+    has_topic = ~pd.isna(topic)
     topic_ok = np.ones(len(accepted), dtype=np.bool_)
     if has_topic.any():
-        topic_ok[has_topic] = topic[has_topic].astype(str).str.fullmatch(TOPIC_NAME.pattern)
+        # Arrow's RE2 kernel checks the whole column without a Python call per name.
+        matches = pc.match_substring_regex(
+            pa.array(topic[has_topic], pa.string()), TOPIC_NAME.pattern
+        )
+        topic_ok[has_topic] = matches.to_numpy(zero_copy_only=False)
     checks: list[tuple[RejectReason, np.ndarray[Any, np.dtype[np.bool_]], str]] = [
         (RejectReason.NEGATIVE_BYTES, accepted["bytes"].to_numpy() < 0, "bytes must be >= 0"),
         (
@@ -308,7 +377,9 @@ def _check_values(
         ):
             rows.append((int(position), reason, f"{message} (got {value!r})", payloads[position]))
     rejected = pd.DataFrame(rows, columns=list(ParsedEvents.REJECTED_COLUMNS))
-    return accepted[~bad].reset_index(drop=True), rejected
+    if bad.any():
+        accepted = accepted[~bad].reset_index(drop=True)
+    return accepted, rejected
 
 
 def _failed_values(
