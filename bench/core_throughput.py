@@ -26,7 +26,9 @@ import pandas as pd
 
 from state.config import parse_quota_config
 from state.core import QuotaCore
+from state.encoding import decode_table, encode_table
 from state.events import EVENT_COLUMNS, KIND_DTYPE, ROLE_DTYPE, parse_events
+from state.quota_types import QuotaType
 
 RESULTS = Path(__file__).resolve().parent / "results" / "core_throughput.jsonl"
 START = 1_767_225_600_000
@@ -122,6 +124,25 @@ def time_parse(events: pd.DataFrame, sample: int) -> float:
     return sample / elapsed
 
 
+def time_encoding(events: pd.DataFrame) -> dict[str, float]:
+    """Encode/decode cost and size of the produce table after all events."""
+    core = QuotaCore(parse_quota_config(CONFIG, "bench config"))
+    core.decide(events)
+    table = core.tables[QuotaType.PRODUCE]
+    started = time.perf_counter()
+    blob = encode_table(table)
+    encoded = time.perf_counter()
+    decode_table(blob)
+    decoded = time.perf_counter()
+    return {
+        "state_entities": len(table),
+        "state_bytes": len(blob),
+        "state_bytes_per_entity": round(len(blob) / max(len(table), 1), 1),
+        "state_encode_ms": round((encoded - started) * 1e3, 2),
+        "state_decode_ms": round((decoded - encoded) * 1e3, 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -152,6 +173,7 @@ def main() -> None:
         "one_batch_events_per_cpu_s": rate(whole, "cpu_s"),
         "throttled_decisions": batched[0].throttled,
         "parse_events_per_s": round(time_parse(events, min(args.events, 200_000))),
+        **time_encoding(events),
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     with RESULTS.open("a") as out:

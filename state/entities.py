@@ -24,6 +24,8 @@ _ESCAPES = (("%", "%25"), (",", "%2C"), ("=", "%3D"))  # "%" first, so escapes s
 
 def escape(names: ObjectArray) -> pa.Array:
     escaped = pa.array(names, type=pa.string())
+    if not pc.any(pc.match_substring_regex(escaped, "[%,=]")).as_py():
+        return escaped  # the common case: nothing to escape
     for raw, code in _ESCAPES:
         escaped = pc.replace_substring(escaped, raw, code)
     return escaped

@@ -232,3 +232,12 @@ def test_zero_byte_events_probe_the_rate(replay_cli: ReplayRunner) -> None:
     )
     assert [d["rate"] for d in run.decisions] == [500.0, 500.0, 0.0]
     assert [d["throttle_ms"] > 0 for d in run.decisions] == [True, True, False]
+
+
+def test_entity_names_are_escaped_so_keys_split_back(replay_cli: ReplayRunner) -> None:
+    config = {"clients": [{"user": "<default>", "client_id": "<default>", "producer_byte_rate": 1}]}
+    run = replay_cli(config, [produce("CN=a,O=b", "100%", 1, BASE), produce("plain", "c", 1, BASE)])
+    assert [d["entity"] for d in run.decisions] == [
+        "user=CN%3Da%2CO%3Db,client-id=100%25,broker=1",
+        "user=plain,client-id=c,broker=1",
+    ]
