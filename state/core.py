@@ -34,24 +34,32 @@ FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 ObjectArray = npt.NDArray[np.object_]
 
-#: Columns of a decision frame; ``limit`` is NaN where unlimited, ``level`` 0 where not a client
-#: quota or no level applies.
-DECISION_COLUMNS = (
-    "position",
+#: Decision columns every quota fills.
+COMMON_COLUMNS = (
     "ts",
     "kind",
     "quota",
     "entity",
     "rate",
-    "limit",
+    "limit",  # NaN where unlimited
     "throttle_ms",
     "exceeded",
     "window_ms",
     "late",
-    "level",
-    "throttled",
-    "leave_out",
-    "skip_remote",
+)
+#: Decision columns only some quotas fill.
+QUOTA_COLUMNS: dict[QuotaType, tuple[str, ...]] = {
+    QuotaType.PRODUCE: ("level",),  # 0 where no precedence level applies
+    QuotaType.FETCH: ("level",),
+    QuotaType.REMOTE_COPY: (),
+    QuotaType.REMOTE_FETCH: ("skip_remote",),
+    QuotaType.LEADER_REPLICATION: ("throttled", "leave_out"),
+    QuotaType.FOLLOWER_REPLICATION: ("throttled", "leave_out"),
+}
+DECISION_COLUMNS = (
+    "position",
+    *COMMON_COLUMNS,
+    *dict.fromkeys(column for columns in QUOTA_COLUMNS.values() for column in columns),
 )
 
 _QUOTA_OF_KIND = {

@@ -190,8 +190,11 @@ class RollingTable:
         if count == 0:
             empty = np.zeros(0, dtype=np.int64)
             return Measurement(empty, empty, empty, np.zeros(0, dtype=np.bool_))
-        # Unique keys (row, position) make the faster unstable sort keep input order per row.
-        order = np.argsort(rows * count + np.arange(count, dtype=np.int64))
+        if len(self._keys) * count < _COMPOSITE_LIMIT:
+            # Unique keys (row, position) let the faster unstable sort keep input order per row.
+            order = np.argsort(rows * count + np.arange(count, dtype=np.int64))
+        else:
+            order = np.argsort(rows, kind="stable")
         batch = _GroupedBatch.build(rows[order], ts[order], nbytes[order], self._clock)
         if batch.too_wide(self.spec):
             # Exact by construction: the split halves are applied one after the other.

@@ -15,30 +15,19 @@ from typing import BinaryIO, TextIO
 import numpy as np
 import pandas as pd
 
-from state.core import QuotaCore
+from state.core import COMMON_COLUMNS, QUOTA_COLUMNS, QuotaCore
 from state.events import EventBounds, parse_events
+from state.quota_types import QuotaType
 
-#: Output fields per quota; every line also carries ``line`` (1-based input line number).
-_COMMON = [
-    "line",
-    "ts",
-    "kind",
-    "quota",
-    "entity",
-    "rate",
-    "limit",
-    "throttle_ms",
-    "exceeded",
-    "window_ms",
-    "late",
-]
+#: Every line starts with ``line`` (1-based input line number); replication lines also say which
+#: replica the decision is about.
+_CONTEXT = {
+    QuotaType.LEADER_REPLICATION: ("topic", "partition", "replica"),
+    QuotaType.FOLLOWER_REPLICATION: ("topic", "partition", "replica"),
+}
 _FIELDS_BY_QUOTA = {
-    "produce": [*_COMMON, "level"],
-    "fetch": [*_COMMON, "level"],
-    "remote_copy": _COMMON,
-    "remote_fetch": [*_COMMON, "skip_remote"],
-    "leader_replication": [*_COMMON, "topic", "partition", "replica", "throttled", "leave_out"],
-    "follower_replication": [*_COMMON, "topic", "partition", "replica", "throttled", "leave_out"],
+    quota.value: ["line", *COMMON_COLUMNS, *_CONTEXT.get(quota, ()), *QUOTA_COLUMNS[quota]]
+    for quota in QuotaType
 }
 _NON_QUOTA_FIELDS = ["line", "ts", "kind", "quota", "topic", "partition"]
 
