@@ -56,6 +56,19 @@ QUOTA_COLUMNS: dict[QuotaType, tuple[str, ...]] = {
     QuotaType.LEADER_REPLICATION: ("throttled", "leave_out"),
     QuotaType.FOLLOWER_REPLICATION: ("throttled", "leave_out"),
 }
+#: Columns of :meth:`QuotaCore.resolve`'s frame: what :meth:`QuotaCore.record` needs.
+RESOLVED_COLUMNS = (
+    "position",
+    "ts",
+    "kind",
+    "quota",
+    "entity",
+    "limit",  # inf where unlimited
+    "level",
+    "counted_bytes",
+    "throttled",
+    "in_sync",
+)
 DECISION_COLUMNS = (
     "position",
     *COMMON_COLUMNS,
@@ -73,7 +86,8 @@ _QUOTA_OF_ROLE = {
     "follower": QuotaType.FOLLOWER_REPLICATION,
 }
 _QUOTA_TYPES = list(QuotaType)
-_QUOTA_NAMES = [quota_type.value for quota_type in _QUOTA_TYPES]
+QUOTA_DTYPE = pd.CategoricalDtype([quota_type.value for quota_type in _QUOTA_TYPES])
+_REPLICATION = (QuotaType.LEADER_REPLICATION, QuotaType.FOLLOWER_REPLICATION)
 _COMPOSITE_LIMIT = 2**62
 _MEASURED_COLUMNS = (
     "position",
@@ -131,28 +145,105 @@ class QuotaCore:
 
     def decide(self, events: pd.DataFrame) -> pd.DataFrame:
         """Record ``events`` (input order) and return one decision per event, same order."""
+        return self.record(self.resolve(events))
+
+    def resolve(self, events: pd.DataFrame) -> pd.DataFrame:
+        """Each event's quota, usage counter (entity), limit and counted bytes; no state.
+
+        The streaming job runs this before the shuffle and groups by its ``entity``.
+        """
         size = len(events)
         columns = {name: events[name].to_numpy() for name in _MEASURED_COLUMNS}
-        out = _empty_decisions(columns, size)
         quota_codes = _quota_codes(events["kind"], events["role"])
+        limit = np.full(size, np.inf)
+        level = np.zeros(size, dtype=np.int64)
+        counted = columns["bytes"].astype(np.int64, copy=True)
+        throttled = np.zeros(size, dtype=np.bool_)
         # Entities are collected as codes into each quota's distinct keys, and become one
         # categorical column at the end: no per-event string handling.
         entity_code = np.full(size, -1, dtype=np.int64)
         distinct_keys: list[ObjectArray] = []
         for code, quota_type in enumerate(_QUOTA_TYPES):
             rows = np.flatnonzero(quota_codes == code)
-            if len(rows):
-                entities = self._decide_quota(quota_type, rows, columns, out)
-                offset = sum(len(keys) for keys in distinct_keys)
-                entity_code[rows] = entities.of_event + offset
-                distinct_keys.append(entities.keys)
-        out["kind"] = events["kind"].astype(KIND_DTYPE).array
-        # pandas-stubs 2.3 types `codes` as Sequence[int]; pandas takes integer arrays.
-        out["quota"] = pd.Categorical.from_codes(
-            quota_codes,  # type: ignore[arg-type]
-            categories=pd.Index(_QUOTA_NAMES),
+            if not len(rows):
+                continue
+            entities = self._entities(quota_type, rows, columns)
+            entity_code[rows] = entities.of_event + sum(len(keys) for keys in distinct_keys)
+            distinct_keys.append(entities.keys)
+            limit[rows] = entities.limit
+            level[rows] = entities.level
+            if quota_type in _REPLICATION:
+                in_list = self.resolver.replica_throttled(
+                    leader=np.full(len(rows), quota_type is QuotaType.LEADER_REPLICATION),
+                    topics=columns["topic"][rows].astype(object, copy=False),
+                    partitions=columns["partition"][rows].astype(np.int64, copy=False),
+                    brokers=columns["broker"][rows].astype(np.int64, copy=False),
+                )
+                throttled[rows] = in_list
+                # Only throttled partitions' bytes count toward a replication quota (KIP-73).
+                counted[rows] = np.where(in_list, counted[rows], 0)
+        return pd.DataFrame(
+            {
+                "position": columns["position"].astype(np.int64, copy=False),
+                "ts": columns["ts"].astype(np.int64, copy=False),
+                "kind": events["kind"].astype(KIND_DTYPE).array,
+                "quota": _from_codes(quota_codes, QUOTA_DTYPE.categories),
+                "entity": _categorical(entity_code, distinct_keys),
+                "limit": limit,
+                "level": level,
+                "counted_bytes": counted,
+                "throttled": throttled,
+                "in_sync": columns["in_sync"].astype(np.bool_, copy=False),
+            },
+            columns=list(RESOLVED_COLUMNS),
         )
-        out["entity"] = _categorical(entity_code, distinct_keys)
+
+    def record(self, resolved: pd.DataFrame) -> pd.DataFrame:
+        """Record resolved events (input order) in the rolling windows and decide each one."""
+        size = len(resolved)
+        quota_codes = resolved["quota"].astype(QUOTA_DTYPE).cat.codes.to_numpy()
+        entity = resolved["entity"].astype("category").cat
+        entity_codes = entity.codes.to_numpy()
+        entity_names = entity.categories.to_numpy(dtype=object)
+        ts = resolved["ts"].to_numpy().astype(np.int64, copy=False)
+        counted = resolved["counted_bytes"].to_numpy().astype(np.int64, copy=False)
+        limit = resolved["limit"].to_numpy().astype(np.float64, copy=False)
+        exceeded = np.zeros(size, dtype=np.bool_)
+        out: dict[str, Any] = {
+            "position": resolved["position"].to_numpy(),
+            "ts": ts,
+            "kind": resolved["kind"].array,
+            "quota": resolved["quota"].astype(QUOTA_DTYPE).array,
+            "entity": resolved["entity"].array,
+            "rate": np.full(size, np.nan),
+            "limit": np.where(np.isinf(limit), np.nan, limit),
+            "throttle_ms": np.zeros(size, dtype=np.int64),
+            "exceeded": exceeded,
+            "window_ms": np.zeros(size, dtype=np.int64),
+            "late": np.zeros(size, dtype=np.bool_),
+            "level": resolved["level"].to_numpy(),
+            "throttled": resolved["throttled"].to_numpy(),
+            "leave_out": np.zeros(size, dtype=np.bool_),
+            "skip_remote": np.zeros(size, dtype=np.bool_),
+        }
+        for code, quota_type in enumerate(_QUOTA_TYPES):
+            rows = np.flatnonzero(quota_codes == code)
+            if not len(rows):
+                continue
+            of_event, distinct = pd.factorize(entity_codes[rows])
+            measured = self.tables[quota_type].record_and_measure(
+                entity_names[distinct], of_event.astype(np.int64), ts[rows], counted[rows]
+            )
+            rate = measured.rate
+            exceeded[rows] = rate > limit[rows]
+            out["rate"][rows] = rate
+            out["throttle_ms"][rows] = throttle_ms(rate, limit[rows], measured.window_size_ms)
+            out["window_ms"][rows] = measured.window_size_ms
+            out["late"][rows] = ~measured.recorded
+        replication = np.isin(quota_codes, [_QUOTA_TYPES.index(q) for q in _REPLICATION])
+        in_sync = resolved["in_sync"].to_numpy().astype(np.bool_, copy=False)
+        out["leave_out"] = replication & out["throttled"] & ~in_sync & exceeded
+        out["skip_remote"] = (quota_codes == _QUOTA_TYPES.index(QuotaType.REMOTE_FETCH)) & exceeded
         return pd.DataFrame(out, columns=list(DECISION_COLUMNS))
 
     def evict_idle(self, horizon_ms: int) -> int:
@@ -160,60 +251,19 @@ class QuotaCore:
         return sum(table.evict_idle(horizon_ms) for table in self.tables.values())
 
     # ------------------------------------------------------------------ internals
-    def _decide_quota(
-        self,
-        quota_type: QuotaType,
-        rows: Int64Array,
-        columns: dict[str, npt.NDArray[np.generic]],
-        out: dict[str, npt.NDArray[np.generic]],
+    def _entities(
+        self, quota_type: QuotaType, rows: Int64Array, columns: dict[str, npt.NDArray[np.generic]]
     ) -> _Entities:
-        ts = columns["ts"][rows].astype(np.int64, copy=False)
-        nbytes = columns["bytes"][rows].astype(np.int64, copy=False)
         brokers = columns["broker"][rows].astype(np.int64, copy=False)
         per_broker = self.config.quota_types.of(quota_type).scope == "broker"
         if quota_type in CLIENT_QUOTA_TYPES:
-            entities = self._client_entities(
+            return self._client_entities(
                 quota_type,
                 columns["user"][rows].astype(object, copy=False),
                 columns["client_id"][rows].astype(object, copy=False),
                 brokers if per_broker else None,
             )
-        else:
-            entities = self._broker_entities(quota_type, brokers, per_broker)
-
-        throttled = np.zeros(len(rows), dtype=np.bool_)
-        replication = quota_type in (QuotaType.LEADER_REPLICATION, QuotaType.FOLLOWER_REPLICATION)
-        if replication:
-            throttled = self.resolver.replica_throttled(
-                leader=np.full(len(rows), quota_type is QuotaType.LEADER_REPLICATION),
-                topics=columns["topic"][rows].astype(object, copy=False),
-                partitions=columns["partition"][rows].astype(np.int64),
-                brokers=brokers,
-            )
-            # Only throttled partitions' bytes count toward a replication quota (KIP-73).
-            nbytes = np.where(throttled, nbytes, 0)
-
-        measured = self.tables[quota_type].record_and_measure(
-            entities.keys, entities.of_event, ts, nbytes
-        )
-        rate = measured.rate
-        delay = throttle_ms(rate, entities.limit, measured.window_size_ms)
-        exceeded = rate > entities.limit
-
-        out["rate"][rows] = rate
-        out["limit"][rows] = np.where(np.isinf(entities.limit), np.nan, entities.limit)
-        out["throttle_ms"][rows] = delay
-        out["exceeded"][rows] = exceeded
-        out["window_ms"][rows] = measured.window_size_ms
-        out["late"][rows] = ~measured.recorded
-        out["level"][rows] = entities.level
-        if replication:
-            in_sync = columns["in_sync"][rows].astype(np.bool_, copy=False)
-            out["throttled"][rows] = throttled
-            out["leave_out"][rows] = throttled & ~in_sync & exceeded
-        if quota_type is QuotaType.REMOTE_FETCH:
-            out["skip_remote"][rows] = exceeded
-        return entities
+        return self._broker_entities(quota_type, brokers, per_broker)
 
     def _client_entities(
         self,
@@ -284,10 +334,12 @@ def _categorical(codes: Int64Array, distinct_keys: list[ObjectArray]) -> pd.Cate
     unique_of_key, unique = pd.factorize(keys)
     # Code -1 (no entity) indexes the appended -1.
     lookup = np.append(unique_of_key, -1)
-    return pd.Categorical.from_codes(
-        lookup[codes],  # type: ignore[arg-type]  # stubs say Sequence[int]; arrays are fine
-        categories=pd.Index(unique, dtype=object),
-    )
+    return _from_codes(lookup[codes], pd.Index(unique, dtype=object))
+
+
+def _from_codes(codes: Int64Array, categories: pd.Index) -> pd.Categorical:
+    # pandas-stubs 2.3 types `codes` as Sequence[int]; pandas takes integer arrays.
+    return pd.Categorical.from_codes(codes, categories=categories)  # type: ignore[arg-type]
 
 
 def _codes(values: npt.NDArray[np.generic]) -> tuple[Int64Array, ObjectArray]:
@@ -314,20 +366,3 @@ def _combine(columns: list[tuple[Int64Array, int]]) -> tuple[Int64Array, Int64Ar
     first = np.zeros(int(combined.max(initial=-1)) + 1, dtype=np.int64)
     first[combined[::-1]] = np.arange(len(combined) - 1, -1, -1, dtype=np.int64)
     return combined, first
-
-
-def _empty_decisions(columns: dict[str, npt.NDArray[np.generic]], size: int) -> dict[str, Any]:
-    return {
-        "position": columns["position"].astype(np.int64),
-        "ts": columns["ts"].astype(np.int64),
-        "rate": np.full(size, np.nan),
-        "limit": np.full(size, np.nan),
-        "throttle_ms": np.zeros(size, dtype=np.int64),
-        "exceeded": np.zeros(size, dtype=np.bool_),
-        "window_ms": np.zeros(size, dtype=np.int64),
-        "late": np.zeros(size, dtype=np.bool_),
-        "level": np.zeros(size, dtype=np.int64),
-        "throttled": np.zeros(size, dtype=np.bool_),
-        "leave_out": np.zeros(size, dtype=np.bool_),
-        "skip_remote": np.zeros(size, dtype=np.bool_),
-    }
