@@ -26,9 +26,8 @@ import pandas as pd
 
 from state.config import parse_quota_config
 from state.core import QuotaCore
-from state.encoding import decode_table, encode_table
+from state.encoding import decode_tables, encode_tables
 from state.events import EVENT_COLUMNS, KIND_DTYPE, ROLE_DTYPE, parse_events
-from state.quota_types import QuotaType
 
 RESULTS = Path(__file__).resolve().parent / "results" / "core_throughput.jsonl"
 START = 1_767_225_600_000
@@ -125,19 +124,20 @@ def time_parse(events: pd.DataFrame, sample: int) -> float:
 
 
 def time_encoding(events: pd.DataFrame) -> dict[str, float]:
-    """Encode/decode cost and size of the produce table after all events."""
+    """Encode/decode cost and size of a shard's state (all quota tables) after all events."""
     core = QuotaCore(parse_quota_config(CONFIG, "bench config"))
     core.decide(events)
-    table = core.tables[QuotaType.PRODUCE]
+    tables = {quota.value: table for quota, table in core.tables.items()}
+    entities = sum(len(table) for table in tables.values())
     started = time.perf_counter()
-    blob = encode_table(table)
+    blob = encode_tables(tables)
     encoded = time.perf_counter()
-    decode_table(blob)
+    decode_tables(blob)
     decoded = time.perf_counter()
     return {
-        "state_entities": len(table),
+        "state_entities": entities,
         "state_bytes": len(blob),
-        "state_bytes_per_entity": round(len(blob) / max(len(table), 1), 1),
+        "state_bytes_per_entity": round(len(blob) / max(entities, 1), 1),
         "state_encode_ms": round((encoded - started) * 1e3, 2),
         "state_decode_ms": round((decoded - encoded) * 1e3, 2),
     }

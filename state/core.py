@@ -22,6 +22,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from state.config import QuotaConfig
+from state.encoding import StateDecodeError, decode_tables, encode_tables
 from state.entities import broker_keys, client_keys
 from state.events import KIND_DTYPE, ROLE_DTYPE, EventKind
 from state.quota_types import CLIENT_QUOTA_TYPES, WINDOW_RULE, QuotaType
@@ -142,6 +143,28 @@ class QuotaCore:
             )
             for quota_type in QuotaType
         }
+
+    @classmethod
+    def restore(cls, config: QuotaConfig, state: bytes) -> QuotaCore:
+        """A core resuming from :meth:`encode_state`'s bytes."""
+        stored = decode_tables(state)
+        tables = cls.empty_tables(config)
+        for quota_type, empty in tables.items():
+            table = stored.get(quota_type.value)
+            if table is None:
+                continue
+            if table.spec != empty.spec:
+                raise StateDecodeError(
+                    f"{quota_type.value} state was kept with {table.spec.samples} samples of "
+                    f"{table.spec.window_ms} ms, the configuration says {empty.spec.samples} of "
+                    f"{empty.spec.window_ms} ms"
+                )
+            tables[quota_type] = table
+        return cls(config, tables)
+
+    def encode_state(self) -> bytes:
+        """Every table of this core as one compact blob (for one state store value)."""
+        return encode_tables({quota_type.value: table for quota_type, table in self.tables.items()})
 
     def decide(self, events: pd.DataFrame) -> pd.DataFrame:
         """Record ``events`` (input order) and return one decision per event, same order."""

@@ -1,14 +1,18 @@
-"""Compact, cheap encoding of a :class:`~state.rolling.RollingTable` (an Arrow IPC stream).
+"""Compact, cheap encoding of rolling tables: one Arrow IPC stream for several tables.
 
-Each entity is one row: its key, its clock and, per ring slot, the slot's age in samples behind
-the clock's sample (-1 for an empty or expired slot) and its bytes. Ages fit in 16 bits and
-expired slots are normalised away, so equal windows always encode to equal bytes, and the
-buffers compress well.
+A state shard holds one :class:`~state.rolling.RollingTable` per quota type; all of them encode
+into one blob (one value in a state store). Each entity is one row: its table's name, its key,
+its clock and, per ring slot, the slot's age in samples behind the clock's sample (-1 for an
+empty or expired slot) and its bytes. Ages fit in 16 bits and expired slots are normalised away,
+so equal windows always encode to equal bytes, and the buffers compress well.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -18,43 +22,55 @@ import pyarrow as pa
 from state.quota_types import WindowRule
 from state.rolling import EMPTY, RollingTable, WindowSpec
 
-FORMAT_VERSION = b"1"
+FORMAT_VERSION = b"2"
 Compression = Literal["zstd", "lz4"] | None
+
+_SCHEMA = pa.schema(
+    [
+        ("table", pa.dictionary(pa.int8(), pa.string())),
+        ("key", pa.string()),
+        ("clock", pa.int64()),
+        ("age", pa.list_(pa.int16())),
+        ("bytes", pa.list_(pa.int64())),
+    ]
+)
 
 
 class StateDecodeError(ValueError):
-    """Bytes that are not an encoded rolling table of a version this code reads."""
+    """Bytes that are not encoded rolling tables of a version this code reads."""
 
 
-def encode_table(table: RollingTable, compression: Compression = "zstd") -> bytes:
-    keys, clock, slot_sample, slot_bytes = table.columns()
-    spec = table.spec
-    clock_sample = np.where(clock == EMPTY, 0, clock // spec.window_ms)
-    age = clock_sample[:, None] - slot_sample
-    held = (slot_sample != EMPTY) & (age >= 0) & (age < spec.samples)
-    age = np.where(held, age, -1).astype(np.int16)
-    nbytes = np.where(held, slot_bytes, 0)
-    samples = spec.samples
+def encode_tables(tables: Mapping[str, RollingTable], compression: Compression = "zstd") -> bytes:
+    names = list(tables)
+    rows = [_Rows.of(table) for table in tables.values()]
+    counts = [len(part.keys) for part in rows]
+    lengths = np.repeat([table.spec.samples for table in tables.values()], counts)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
     batch = pa.record_batch(
         [
-            pa.array(keys.to_numpy(dtype=object), type=pa.string()),
-            pa.array(clock, type=pa.int64()),
-            pa.FixedSizeListArray.from_arrays(pa.array(age.ravel(), type=pa.int16()), samples),
-            pa.FixedSizeListArray.from_arrays(pa.array(nbytes.ravel(), type=pa.int64()), samples),
+            pa.DictionaryArray.from_arrays(
+                pa.array(np.repeat(np.arange(len(names)), counts).astype(np.int8)),
+                pa.array(names, pa.string()),
+            ),
+            pa.array(_concat([part.keys for part in rows], object), pa.string()),
+            pa.array(_concat([part.clock for part in rows], np.int64)),
+            pa.ListArray.from_arrays(
+                offsets, _concat([part.age.ravel() for part in rows], np.int16)
+            ),
+            pa.ListArray.from_arrays(
+                offsets, _concat([part.nbytes.ravel() for part in rows], np.int64)
+            ),
         ],
-        schema=pa.schema(
-            [
-                ("key", pa.string()),
-                ("clock", pa.int64()),
-                ("age", pa.list_(pa.int16(), samples)),
-                ("bytes", pa.list_(pa.int64(), samples)),
-            ],
-            metadata={
+        schema=_SCHEMA.with_metadata(
+            {
                 b"quotastream.rolling": FORMAT_VERSION,
-                b"samples": str(spec.samples).encode(),
-                b"window_ms": str(spec.window_ms).encode(),
-                b"rule": spec.rule.value.encode(),
-            },
+                b"specs": json.dumps(
+                    {
+                        name: [table.spec.samples, table.spec.window_ms, table.spec.rule.value]
+                        for name, table in tables.items()
+                    }
+                ).encode(),
+            }
         ),
     )
     sink = pa.BufferOutputStream()
@@ -64,33 +80,68 @@ def encode_table(table: RollingTable, compression: Compression = "zstd") -> byte
     return bytes(sink.getvalue().to_pybytes())
 
 
-def decode_table(data: bytes) -> RollingTable:
+def decode_tables(data: bytes) -> dict[str, RollingTable]:
     try:
         reader = pa.ipc.open_stream(pa.py_buffer(data))
-        batches = list(reader)
+        whole = pa.Table.from_batches(list(reader), schema=reader.schema).combine_chunks()
     except (pa.ArrowInvalid, OSError) as exc:
-        raise StateDecodeError(f"not an encoded rolling table: {exc}") from None
+        raise StateDecodeError(f"not encoded rolling tables: {exc}") from None
     metadata = reader.schema.metadata or {}
     if metadata.get(b"quotastream.rolling") != FORMAT_VERSION:
-        raise StateDecodeError(
-            f"unsupported rolling table format {metadata.get(b'quotastream.rolling')!r}"
-        )
-    spec = WindowSpec(
-        samples=int(metadata[b"samples"]),
-        window_ms=int(metadata[b"window_ms"]),
-        rule=WindowRule(metadata[b"rule"].decode()),
+        version = metadata.get(b"quotastream.rolling")
+        raise StateDecodeError(f"unsupported rolling table format {version!r}")
+    specs = {
+        name: WindowSpec(samples=samples, window_ms=window_ms, rule=WindowRule(rule))
+        for name, (samples, window_ms, rule) in json.loads(metadata[b"specs"]).items()
+    }
+    table_column = whole.column("table").combine_chunks()
+    names = table_column.dictionary.to_pylist()
+    table_of_row = np.asarray(table_column.indices.to_numpy(zero_copy_only=False))
+    keys = np.asarray(whole.column("key").to_numpy(zero_copy_only=False), dtype=object)
+    clock = whole.column("clock").to_numpy().astype(np.int64, copy=True)
+    ages = whole.column("age").combine_chunks()
+    starts = np.asarray(ages.offsets.to_numpy()[:-1], dtype=np.int64)
+    age = np.asarray(ages.values.to_numpy(zero_copy_only=False), dtype=np.int64)
+    nbytes = np.asarray(
+        whole.column("bytes").combine_chunks().values.to_numpy(zero_copy_only=False), np.int64
     )
-    table = pa.Table.from_batches(batches, schema=reader.schema).combine_chunks()
-    size = table.num_rows
-    keys = pd.Index(table.column("key").to_numpy(zero_copy_only=False), dtype=object)
-    clock = table.column("clock").to_numpy().astype(np.int64, copy=True)
-    age = _flat(table, "age", size, spec.samples).astype(np.int64)
-    nbytes = _flat(table, "bytes", size, spec.samples).astype(np.int64, copy=True)
-    clock_sample = np.where(clock == EMPTY, 0, clock // spec.window_ms)
-    slot_sample = np.where(age >= 0, clock_sample[:, None] - age, EMPTY)
-    return RollingTable(spec, keys, clock, slot_sample, nbytes)
+    result: dict[str, RollingTable] = {}
+    for name, spec in specs.items():
+        code = names.index(name) if name in names else -1
+        rows = np.flatnonzero(table_of_row == code)
+        slots = np.asarray(starts[rows], dtype=np.int64)[:, None] + np.arange(spec.samples)
+        result[name] = _Rows(keys[rows], clock[rows], age[slots], nbytes[slots]).table(spec)
+    return result
 
 
-def _flat(table: pa.Table, column: str, size: int, samples: int) -> npt.NDArray[np.generic]:
-    values = table.column(column).combine_chunks().flatten()
-    return np.asarray(values.to_numpy(zero_copy_only=False)).reshape(size, samples)
+@dataclass(frozen=True)
+class _Rows:
+    """One table's entities as encoded: slot ages behind the clock's sample, -1 for none."""
+
+    keys: npt.NDArray[np.object_]
+    clock: npt.NDArray[np.int64]
+    age: npt.NDArray[np.int64]
+    nbytes: npt.NDArray[np.int64]
+
+    @staticmethod
+    def of(table: RollingTable) -> _Rows:
+        keys, clock, slot_sample, slot_bytes = table.columns()
+        samples, window = table.spec.samples, table.spec.window_ms
+        age = np.where(clock == EMPTY, 0, clock // window)[:, None] - slot_sample
+        held = (slot_sample != EMPTY) & (age >= 0) & (age < samples)
+        return _Rows(
+            keys.to_numpy(dtype=object),
+            clock,
+            np.where(held, age, -1),
+            np.where(held, slot_bytes, 0),
+        )
+
+    def table(self, spec: WindowSpec) -> RollingTable:
+        clock_sample = np.where(self.clock == EMPTY, 0, self.clock // spec.window_ms)
+        slot_sample = np.where(self.age >= 0, clock_sample[:, None] - self.age, EMPTY)
+        keys = pd.Index(self.keys, dtype=object)
+        return RollingTable(spec, keys, self.clock, slot_sample, self.nbytes.copy())
+
+
+def _concat(arrays: list[npt.NDArray[Any]], dtype: Any) -> npt.NDArray[Any]:
+    return np.concatenate([np.zeros(0, dtype=dtype), *(a.astype(dtype) for a in arrays)])

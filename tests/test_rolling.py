@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from state.encoding import StateDecodeError, decode_table, encode_table
+from state.encoding import StateDecodeError, decode_tables, encode_tables
 from state.quota_types import WindowRule
 from state.rolling import Measurement, RollingTable, WindowSpec
 from tests.oracle import OracleWindow
@@ -231,24 +231,43 @@ def test_rates_are_never_negative_and_windows_never_empty(
 
 
 @settings(max_examples=200, deadline=None)
-@given(stream=event_streams(), cut=st.integers(0, 80), compression=st.sampled_from(["zstd", None]))
+@given(
+    streams=st.lists(event_streams(), min_size=1, max_size=3),
+    cut=st.integers(0, 80),
+    compression=st.sampled_from(["zstd", None]),
+)
 def test_encode_decode_round_trips_and_resumes_identically(
-    stream: tuple[WindowSpec, list[Event]], cut: int, compression: str | None
+    streams: list[tuple[WindowSpec, list[Event]]], cut: int, compression: str | None
 ) -> None:
-    spec, events = stream
-    head, tail = events[: cut % len(events)], events[cut % len(events) :]
-    kept = RollingTable(spec)
-    record(kept, head)
-    restored = decode_table(encode_table(kept, compression=compression))  # type: ignore[arg-type]
-    assert restored.spec == spec
-    assert table_state(restored) == table_state(kept)
-    assert rows(record(restored, tail)) == rows(record(kept, tail))
-    assert encode_table(restored) == encode_table(kept)
+    """Several tables (one per quota type in a shard) in one blob, some of them empty."""
+    kept: dict[str, RollingTable] = {}
+    tails: dict[str, list[Event]] = {}
+    for index, (spec, events) in enumerate(streams):
+        name = f"quota{index}"
+        kept[name] = RollingTable(spec)
+        head = events[: cut % len(events)]
+        tails[name] = events[cut % len(events) :]
+        if head:
+            record(kept[name], head)
+    restored = decode_tables(encode_tables(kept, compression=compression))  # type: ignore[arg-type]
+    assert list(restored) == list(kept)
+    for name, table in kept.items():
+        assert restored[name].spec == table.spec
+        assert table_state(restored[name]) == table_state(table)
+        assert rows(record(restored[name], tails[name])) == rows(record(table, tails[name]))
+    assert encode_tables(restored) == encode_tables(kept)
+
+
+def test_encoding_no_tables_and_empty_tables() -> None:
+    assert decode_tables(encode_tables({})) == {}
+    empty = decode_tables(encode_tables({"produce": RollingTable(KAFKA)}))
+    assert len(empty["produce"]) == 0
+    assert empty["produce"].spec == KAFKA
 
 
 def test_decode_refuses_foreign_bytes() -> None:
     with pytest.raises(StateDecodeError):
-        decode_table(b"definitely not arrow")
+        decode_tables(b"definitely not arrow")
 
 
 @settings(max_examples=300, deadline=None)
