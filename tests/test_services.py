@@ -1,0 +1,45 @@
+"""Local servers started for the embedded run and the integration tests."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from streaming.services import ServiceError, _start, redis_binary, start_redis
+
+BINARIES = [redis_binary(prefer_system=False)]
+if shutil.which("redis-server"):
+    BINARIES.append(redis_binary())
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+def test_redis_starts_serves_and_stops(binary: str) -> None:
+    service = start_redis(password="s3cret", binary=binary)
+    with service:
+        client = redis.Redis(host=service.host, port=service.port, password="s3cret")
+        client.set("quotastream:probe", "1", ex=5)
+        assert client.get("quotastream:probe") == b"1"
+        wrong = redis.Redis(
+            host=service.host, port=service.port, password="wrong", retry=Retry(NoBackoff(), 0)
+        )
+        with pytest.raises(redis.AuthenticationError):
+            wrong.ping()
+    assert service.process.poll() is not None
+    assert not service.workdir.exists()
+
+
+def test_two_servers_get_different_ports() -> None:
+    with start_redis() as first, start_redis() as second:
+        assert first.port != second.port
+
+
+def test_a_server_that_cannot_start_is_reported_with_its_output() -> None:
+    with pytest.raises(ServiceError, match="broken did not start") as caught:
+        _start("broken", lambda port, workdir: ["sh", "-c", "echo no such luck; exit 3"],
+               lambda port: False, attempts=2, timeout=5)  # fmt: skip
+    assert "no such luck" in str(caught.value)
+    assert "exit 3" in str(caught.value)
