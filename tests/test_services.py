@@ -40,6 +40,6 @@ def test_two_servers_get_different_ports() -> None:
 def test_a_server_that_cannot_start_is_reported_with_its_output() -> None:
     with pytest.raises(ServiceError, match="broken did not start") as caught:
         _start("broken", lambda port, workdir: ["sh", "-c", "echo no such luck; exit 3"],
-               lambda port: False, attempts=2, timeout=5)  # fmt: skip
+               ready=lambda port: False, attempts=2, timeout=5)  # fmt: skip
     assert "no such luck" in str(caught.value)
     assert "exit 3" in str(caught.value)

@@ -1,0 +1,174 @@
+"""Kafka offset ranges for micro-batches: planning, rate limiting and the source's options.
+
+Offsets are kept in Spark's checkpoint as ``{"topic": {"partition": next offset}}`` (JSON object
+keys are strings), the same shape as Spark's own Kafka source.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kafka import KafkaConsumer
+
+TopicPartition = tuple[str, int]
+#: Next offset to read per topic-partition.
+Offsets = dict[TopicPartition, int]
+
+
+class SourceOptionError(ValueError):
+    """A Kafka source option is missing or invalid; the message names it."""
+
+
+def to_json(offsets: Offsets) -> dict[str, dict[str, int]]:
+    """The checkpoint form: ``{"topic": {"partition": offset}}``, sorted for stable output."""
+    result: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        result.setdefault(topic, {})[str(partition)] = offset
+    return result
+
+
+def from_json(data: Mapping[str, Mapping[str, int]]) -> Offsets:
+    try:
+        return {
+            (str(topic), int(partition)): int(offset)
+            for topic, partitions in data.items()
+            for partition, offset in partitions.items()
+        }
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise SourceOptionError(f"offsets must look like {{'topic': {{'0': 42}}}}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    topic: str
+    partition: int
+    start: int  # first offset to read
+    end: int  # first offset not to read
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+def plan_ranges(start: Offsets, end: Offsets) -> list[OffsetRange]:
+    """One range per topic-partition that has offsets to read, in a stable order."""
+    return [
+        OffsetRange(topic, partition, start.get((topic, partition), 0), until)
+        for (topic, partition), until in sorted(end.items())
+        if until > start.get((topic, partition), 0)
+    ]
+
+
+def limit_end(start: Offsets, available: Offsets, max_records: int | None) -> Offsets:
+    """End offsets that read at most ``max_records`` in all, shared in proportion to each
+    partition's backlog; a partition with a backlog always advances (as Spark's Kafka source)."""
+    backlog = {tp: max(end - start.get(tp, 0), 0) for tp, end in available.items()}
+    total = sum(backlog.values())
+    if max_records is None or total <= max_records:
+        return dict(available)
+    limited = {}
+    for tp, end in available.items():
+        share = max_records * backlog[tp] / total
+        step = math.ceil(share) if share < 1 else math.floor(share)
+        limited[tp] = min(start.get(tp, 0) + step, end)
+    return limited
+
+
+_CLIENT_OPTION_PREFIX = "kafka."
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    bootstrap_servers: str
+    topics: tuple[str, ...]
+    starting_offsets: Literal["earliest", "latest"] | Offsets = "latest"
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    poll_timeout_ms: int = 2_000
+    #: kafka-python settings from ``kafka.*`` options (``kafka.security.protocol`` ->
+    #: ``security_protocol``). May hold secrets (SASL passwords): kept out of repr and logs.
+    client: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @staticmethod
+    def parse(options: Mapping[str, str]) -> SourceOptions:
+        """From Spark's ``.option()`` strings, with errors that name the option."""
+        lowered = {key.lower(): value for key, value in options.items()}
+
+        def required(name: str) -> str:
+            value = lowered.get(name.lower(), "").strip()
+            if not value:
+                raise SourceOptionError(f"option {name!r} is required")
+            return value
+
+        topics = tuple(t.strip() for t in required("subscribe").split(",") if t.strip())
+        starting = lowered.get("startingoffsets", "latest").strip()
+        starting_offsets: Literal["earliest", "latest"] | Offsets
+        if starting in ("earliest", "latest"):
+            starting_offsets = starting  # type: ignore[assignment]
+        else:
+            try:
+                starting_offsets = from_json(json.loads(starting))
+            except json.JSONDecodeError:
+                raise SourceOptionError(
+                    f"option 'startingOffsets' must be earliest, latest or JSON, got {starting!r}"
+                ) from None
+        return SourceOptions(
+            bootstrap_servers=required("kafka.bootstrap.servers"),
+            topics=topics,
+            starting_offsets=starting_offsets,
+            max_offsets_per_trigger=_positive_int(lowered, "maxOffsetsPerTrigger"),
+            fail_on_data_loss=_boolean(lowered, "failOnDataLoss", default=True),
+            poll_timeout_ms=_positive_int(lowered, "kafkaConsumer.pollTimeoutMs") or 2_000,
+            client=_client_settings(options),
+        )
+
+
+def _client_settings(options: Mapping[str, str]) -> dict[str, Any]:
+    settings: dict[str, Any] = {}
+    for key, value in options.items():
+        if not key.lower().startswith(_CLIENT_OPTION_PREFIX):
+            continue
+        if key.lower() == "kafka.bootstrap.servers":
+            continue
+        name = key[len(_CLIENT_OPTION_PREFIX) :].replace(".", "_")
+        if name not in KafkaConsumer.DEFAULT_CONFIG:
+            raise SourceOptionError(
+                f"option {key!r} is not a kafka-python consumer setting ({name!r})"
+            )
+        settings[name] = _typed_setting(KafkaConsumer.DEFAULT_CONFIG[name], value)
+    return settings
+
+
+def _typed_setting(default: object, value: str) -> object:
+    """Spark passes option values as strings; give kafka-python the type it expects."""
+    if isinstance(default, bool):
+        return value.strip().lower() == "true"
+    if isinstance(default, int):
+        return int(value)
+    return value
+
+
+def _positive_int(options: Mapping[str, str], name: str) -> int | None:
+    raw = options.get(name.lower())
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SourceOptionError(f"option {name!r} must be a whole number, got {raw!r}") from None
+    if value < 1:
+        raise SourceOptionError(f"option {name!r} must be >= 1, got {value}")
+    return value
+
+
+def _boolean(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = options.get(name.lower())
+    if raw is None:
+        return default
+    if raw.strip().lower() in ("true", "false"):
+        return raw.strip().lower() == "true"
+    raise SourceOptionError(f"option {name!r} must be true or false, got {raw!r}")
