@@ -139,10 +139,14 @@ def start_kafka(extra_args: Sequence[str] = ()) -> LocalService:
                 "--storage-engine", "memory://tansu/", *extra_args]  # fmt: skip
 
     environment = {k: v for k, v in os.environ.items() if k not in _TANSU_ENVIRONMENT}
-    return _start("kafka", command, ready=_accepts_connections, environment=environment)
+    return _start("kafka", command, ready=_tansu_ready, environment=environment)
 
 
-def _accepts_connections(port: int) -> bool:
+def _tansu_ready(port: int, log_path: Path) -> bool:
+    # tansu exits 0 when its port is taken, and then someone else answers on that port: only
+    # its own "ready in" line proves that it is the one listening.
+    if b"ready in" not in log_path.read_bytes():
+        return False
     try:
         with socket.create_connection((_LOOPBACK, port), timeout=0.5):
             return True
@@ -150,7 +154,7 @@ def _accepts_connections(port: int) -> bool:
         return False
 
 
-def _redis_ready(port: int) -> bool:
+def _redis_ready(port: int, log_path: Path) -> bool:
     try:
         with socket.create_connection((_LOOPBACK, port), timeout=0.5) as connection:
             connection.sendall(b"PING\r\n")
@@ -165,7 +169,7 @@ def _start(
     name: str,
     command: Callable[[int, Path], list[str]],
     *,
-    ready: Callable[[int], bool],
+    ready: Callable[[int, Path], bool],
     attempts: int = 5,
     timeout: float = 30.0,
     environment: dict[str, str] | None = None,
@@ -189,7 +193,7 @@ def _start(
         service = LocalService(name, _LOOPBACK, port, process, workdir, log_path)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and process.poll() is None:
-            if ready(port):
+            if ready(port, log_path):
                 log.info("%s listening on %s (pid %d)", name, service.address, process.pid)
                 return service
             time.sleep(0.02)

@@ -6,10 +6,11 @@ import shutil
 
 import pytest
 import redis
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from streaming.services import ServiceError, _start, redis_binary, start_redis
+from streaming.services import ServiceError, _start, redis_binary, start_kafka, start_redis
 
 BINARIES = [redis_binary(prefer_system=False)]
 if shutil.which("redis-server"):
@@ -40,6 +41,20 @@ def test_two_servers_get_different_ports() -> None:
 def test_a_server_that_cannot_start_is_reported_with_its_output() -> None:
     with pytest.raises(ServiceError, match="broken did not start") as caught:
         _start("broken", lambda port, workdir: ["sh", "-c", "echo no such luck; exit 3"],
-               ready=lambda port: False, attempts=2, timeout=5)  # fmt: skip
+               ready=lambda port, log: False, attempts=2, timeout=5)  # fmt: skip
     assert "no such luck" in str(caught.value)
     assert "exit 3" in str(caught.value)
+
+
+def test_kafka_broker_starts_and_takes_records() -> None:
+    with start_kafka() as broker:
+        producer = KafkaProducer(bootstrap_servers=broker.address)
+        producer.send("probe", b"hello", partition=0).get(timeout=10)
+        producer.close()
+        consumer = KafkaConsumer(bootstrap_servers=broker.address)
+        partition = TopicPartition("probe", 0)
+        consumer.assign([partition])
+        consumer.seek_to_beginning(partition)
+        records = consumer.poll(timeout_ms=5000)[partition]
+        consumer.close()
+        assert [r.value for r in records] == [b"hello"]
