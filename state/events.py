@@ -8,6 +8,7 @@ timestamp bounds and topic names are checked vectorised over the accepted column
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -263,6 +264,17 @@ class _OfKind:
 def _pick(results: list[_Event | _Rejected], positions: npt.NDArray[np.intp]) -> _OfKind:
     events: list[_Event] = list(map(results.__getitem__, positions.tolist()))  # type: ignore[arg-type]
     return _OfKind(positions.astype(np.int64), events)
+
+
+def dead_letter_record(reason: str, detail: str, payload: bytes) -> dict[str, Any]:
+    """A rejected payload as the dead-letter sinks write it: the original text, or base64 where
+    it is not UTF-8."""
+    record: dict[str, Any] = {"reason": reason, "detail": detail}
+    try:
+        record["payload"] = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        record["payload_base64"] = base64.b64encode(payload).decode("ascii")
+    return record
 
 
 def empty_events() -> pd.DataFrame:

@@ -7,16 +7,16 @@ The file is read in batches of lines; each batch goes through the same validator
 
 from __future__ import annotations
 
-import base64
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO, TextIO
+from typing import Any, BinaryIO, TextIO
 
 import numpy as np
 import pandas as pd
 
 from state.core import COMMON_COLUMNS, QUOTA_COLUMNS, QuotaCore
-from state.events import EventBounds, parse_events
+from state.events import EventBounds, dead_letter_record, parse_events
 from state.quota_types import QuotaType
 
 #: Every line starts with ``line`` (1-based input line number); replication lines also say which
@@ -100,18 +100,10 @@ def _batches(events: BinaryIO, batch_lines: int) -> Iterator[tuple[int, list[byt
         yield first_line, batch
 
 
-def _dead_letter_line(row: object, first_line: int) -> str:
-    record: dict[str, object] = {
-        "line": int(row.position) + first_line,  # type: ignore[attr-defined]
-        "reason": str(row.reason),  # type: ignore[attr-defined]
-        "detail": str(row.detail),  # type: ignore[attr-defined]
-    }
-    payload: bytes = row.payload  # type: ignore[attr-defined]
-    try:
-        record["payload"] = payload.decode("utf-8")
-    except UnicodeDecodeError:
-        record["payload_base64"] = base64.b64encode(payload).decode("ascii")
-    return pd.Series(record).to_json()
+def _dead_letter_line(row: Any, first_line: int) -> str:
+    record = {"line": int(row.position) + first_line}
+    record.update(dead_letter_record(str(row.reason), str(row.detail), row.payload))
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
 
 
 def _write_lines(lines: list[str], out: TextIO) -> None:

@@ -102,8 +102,19 @@ def start_redis(
     binary = binary or redis_binary()
 
     def command(port: int, workdir: Path) -> list[str]:
-        args = [binary, "--port", str(port), "--bind", _LOOPBACK, "--save", "",
-                "--appendonly", "no", "--dir", str(workdir)]  # fmt: skip
+        args = [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            _LOOPBACK,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+        ]
         if password:
             args += ["--requirepass", password]
         return [*args, *extra_args]
@@ -125,8 +136,14 @@ def tansu_binary() -> str:
 
 # tansu reads its settings from these variables (and a .env file in its working directory,
 # which is a fresh empty directory here); none may leak in from the caller's environment.
-_TANSU_ENVIRONMENT = ("CLUSTER_ID", "LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE",
-                      "SCHEMA_REGISTRY", "AUTHENTICATION")  # fmt: skip
+_TANSU_ENVIRONMENT = (
+    "CLUSTER_ID",
+    "LISTENER_URL",
+    "ADVERTISED_LISTENER_URL",
+    "STORAGE_ENGINE",
+    "SCHEMA_REGISTRY",
+    "AUTHENTICATION",
+)
 
 
 def start_kafka(extra_args: Sequence[str] = ()) -> LocalService:
@@ -135,8 +152,17 @@ def start_kafka(extra_args: Sequence[str] = ()) -> LocalService:
 
     def command(port: int, workdir: Path) -> list[str]:
         url = f"tcp://{_LOOPBACK}:{port}"
-        return [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-                "--storage-engine", "memory://tansu/", *extra_args]  # fmt: skip
+        return [
+            binary,
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+            *extra_args,
+        ]
 
     environment = {k: v for k, v in os.environ.items() if k not in _TANSU_ENVIRONMENT}
     return _start("kafka", command, ready=_tansu_ready, environment=environment)

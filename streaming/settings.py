@@ -6,9 +6,9 @@ Nested keys use ``__`` in variable names: ``QUOTASTREAM_EVENTS__MAX_PAST_MS=6000
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from state.configfile import ConfigError, describe_validation_error, read_yaml_mapping
@@ -36,12 +36,53 @@ class EventSettings(BaseModel):
         return absolute.around(now_ms, self.max_past_ms, self.max_future_ms)
 
 
+class KafkaSettings(BaseModel):
+    """Where events come from, and where rejected events go."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topics: list[Annotated[str, Field(min_length=1)]] = ["quotastream.events"]
+    starting_offsets: Literal["earliest", "latest"] = "latest"
+    max_offsets_per_trigger: Annotated[int, Field(ge=1)] | None = None
+    fail_on_data_loss: bool = True
+    dead_letter_topic: str = "quotastream.dead-letter"
+    #: kafka-python settings for the source (e.g. security_protocol, sasl_plain_password).
+    client: dict[str, SecretStr] = {}
+
+
+class RedisSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535)] = 6379
+    password: SecretStr | None = None
+    ssl: bool = False
+    key_prefix: Annotated[str, Field(min_length=1)] = "quotastream"
+    keep_ms: Annotated[int, Field(ge=1)] = 30_000
+
+
+class SparkSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    master: str = "local[2]"
+    checkpoint: str = "checkpoint"
+    #: State groups per micro-batch: the unit of parallelism of the stateful stage.
+    shards: Annotated[int, Field(ge=1, le=4096)] = 8
+    trigger_ms: Annotated[int, Field(ge=0)] = 1000
+    shuffle_partitions: Annotated[int, Field(ge=1)] = 2
+
+
 class EngineSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="QUOTASTREAM_", env_nested_delimiter="__", extra="forbid", frozen=True
     )
 
+    quotas: str = "conf/quotas.yaml"
     events: EventSettings = EventSettings()
+    kafka: KafkaSettings = KafkaSettings()
+    redis: RedisSettings = RedisSettings()
+    spark: SparkSettings = SparkSettings()
 
     @classmethod
     def settings_customise_sources(

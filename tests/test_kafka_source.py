@@ -146,8 +146,11 @@ def test_vanished_offsets_fail_naming_topic_partition_and_offsets(broker: LocalS
     topic = new_topic(broker, 1)
     produce(broker, topic, 5, 1)
     source = reader(broker, topic)
-    with pytest.raises(DataLossError, match=rf"{topic}-0: the next offset to read is 900 but the "
-                       r"log ends at 5.*failOnDataLoss=true"):  # fmt: skip
+    with pytest.raises(
+        DataLossError,
+        match=rf"{topic}-0: the next offset to read is 900 but the "
+        r"log ends at 5.*failOnDataLoss=true",
+    ):
         source.latestOffset({topic: {"0": 900}}, ReadAllAvailable())
     source.stop()
 

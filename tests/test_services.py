@@ -40,8 +40,13 @@ def test_two_servers_get_different_ports() -> None:
 
 def test_a_server_that_cannot_start_is_reported_with_its_output() -> None:
     with pytest.raises(ServiceError, match="broken did not start") as caught:
-        _start("broken", lambda port, workdir: ["sh", "-c", "echo no such luck; exit 3"],
-               ready=lambda port, log: False, attempts=2, timeout=5)  # fmt: skip
+        _start(
+            "broken",
+            lambda port, workdir: ["sh", "-c", "echo no such luck; exit 3"],
+            ready=lambda port, log: False,
+            attempts=2,
+            timeout=5,
+        )
     assert "no such luck" in str(caught.value)
     assert "exit 3" in str(caught.value)
 

@@ -1,0 +1,138 @@
+"""The streaming query: Kafka -> validate and resolve -> sharded quota state -> Redis.
+
+::
+
+    quotastream-kafka source (Kafka records, offsets in the checkpoint)
+      -> mapInArrow: usage_batches        validate, resolve entity, sum per (entity, sample)
+      -> groupBy(shard).applyInPandasWithState: update_shard    one state value per shard
+      -> foreachBatch: mapInArrow(write_batches) on the executors  -> Redis, dead-letter topic
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
+
+from state.config import QuotaConfig
+from streaming.kafka_source import KafkaSource
+from streaming.settings import EngineSettings
+from streaming.sinks import WRITE_COUNTS, SinkSettings, write_batches
+from streaming.stages import (
+    DECISION_SCHEMA,
+    STAGE_SCHEMA,
+    StageSettings,
+    update_shard,
+    usage_batches,
+)
+
+STATE_SCHEMA = "state binary"
+
+
+def local_spark(settings: EngineSettings, app_name: str = "quotastream") -> SparkSession:
+    """A Spark session for the engine; workers run this interpreter (where quotastream is)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder: Any = SparkSession.builder
+    spark: SparkSession = (
+        builder.master(settings.spark.master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(settings.spark.shuffle_partitions))
+        .config(
+            "spark.sql.streaming.stateStore.providerClass",
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        )
+        # No timeouts are used yet, so batches without data would only cost time.
+        .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .getOrCreate()
+    )
+    spark.dataSource.register(KafkaSource)
+    return spark
+
+
+def start_query(
+    spark: SparkSession,
+    settings: EngineSettings,
+    config: QuotaConfig,
+    *,
+    available_now: bool = False,
+    query_name: str = "quotastream",
+) -> StreamingQuery:
+    kafka = settings.kafka
+    reader = (
+        spark.readStream.format(KafkaSource.name())
+        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+        .option("subscribe", ",".join(kafka.topics))
+        .option("startingOffsets", kafka.starting_offsets)
+        .option("failOnDataLoss", str(kafka.fail_on_data_loss).lower())
+    )
+    if kafka.max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(kafka.max_offsets_per_trigger))
+    for name, secret in kafka.client.items():
+        reader = reader.option(f"kafka.{name.replace('_', '.')}", secret.get_secret_value())
+    stage = StageSettings(
+        config=config,
+        bounds=settings.events.bounds(None),
+        max_payload_bytes=settings.events.max_payload_bytes,
+        shards=settings.spark.shards,
+    )
+    staged = reader.load().mapInArrow(
+        partial(usage_batches, settings=stage), from_arrow_schema(STAGE_SCHEMA)
+    )
+    decided = staged.groupBy("shard").applyInPandasWithState(
+        partial(_update_group, config=config),
+        outputStructType=from_arrow_schema(DECISION_SCHEMA),
+        stateStructType=STATE_SCHEMA,
+        outputMode="Update",
+        timeoutConf=GroupStateTimeout.NoTimeout,
+    )
+    sink = SinkSettings(
+        redis_host=settings.redis.host,
+        redis_port=settings.redis.port,
+        key_prefix=settings.redis.key_prefix,
+        keep_ms=settings.redis.keep_ms,
+        dead_letter_topic=kafka.dead_letter_topic,
+        kafka_bootstrap=kafka.bootstrap_servers,
+        redis_password=(
+            settings.redis.password.get_secret_value() if settings.redis.password else None
+        ),
+        redis_ssl=settings.redis.ssl,
+    )
+    writer = (
+        decided.writeStream.queryName(query_name)
+        .outputMode("update")
+        .foreachBatch(partial(_write_batch, sink=sink))
+        .option("checkpointLocation", settings.spark.checkpoint)
+    )
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{settings.spark.trigger_ms} milliseconds")
+    return writer.start()
+
+
+def _update_group(
+    key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: GroupState, config: QuotaConfig
+) -> Iterator[pd.DataFrame]:
+    rows = pd.concat(list(frames), ignore_index=True)
+    previous = state.get[0] if state.exists else None
+    new_state, decisions = update_shard(previous, rows, config)
+    if int(key[0]) >= 0:  # the dead-letter group (-1) keeps no state
+        state.update((new_state,))
+    yield decisions
+
+
+def _write_batch(batch: DataFrame, batch_id: int, sink: SinkSettings) -> None:
+    # Written from the executors; only the counts come back to the driver.
+    batch.mapInArrow(
+        partial(write_batches, settings=sink), from_arrow_schema(WRITE_COUNTS)
+    ).collect()

@@ -1,0 +1,119 @@
+"""Where decisions and rejects go: Redis for enforcement points, Kafka for the dead letter.
+
+Both writers run on the executors (inside ``mapInArrow``), one pipelined round trip per Arrow
+batch, so no micro-batch is collected to the driver. The key contract is in ``docs/redis.md``.
+Replaying a micro-batch after a crash writes the same values again: Redis ends in the same
+state; the dead-letter topic may hold a reject twice, identified by its source coordinates.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import redis
+from kafka import KafkaProducer
+
+from state.events import dead_letter_record
+from streaming.stages import REJECT, USAGE
+
+WRITE_COUNTS = pa.schema([("decisions", pa.int64()), ("rejects", pa.int64())])
+
+
+@dataclass(frozen=True)
+class SinkSettings:
+    redis_host: str
+    redis_port: int
+    key_prefix: str = "quotastream"
+    #: How long a decision stays readable after it was written, at least (throttles stay
+    #: until they end).
+    keep_ms: int = 30_000
+    dead_letter_topic: str = "quotastream.dead-letter"
+    kafka_bootstrap: str = ""
+    redis_password: str | None = field(default=None, repr=False)
+    redis_ssl: bool = False
+
+
+def decision_key(prefix: str, quota: str, entity: str) -> str:
+    return f"{prefix}:{quota}:{entity}"
+
+
+def decision_value(row: dict[str, Any]) -> dict[str, Any]:
+    """What an enforcement point reads for one (quota, entity)."""
+    limit = row["limit"]
+    return {
+        "quota": row["quota"],
+        "entity": row["entity"],
+        "throttle_ms": int(row["throttle_ms"]),
+        "until": int(row["ts"]) + int(row["throttle_ms"]),
+        "rate": float(row["rate"]),
+        "limit": None if limit is None or math.isnan(limit) else float(limit),
+        "exceeded": bool(row["exceeded"]),
+        "window_ms": int(row["window_ms"]),
+        "decided_at": int(row["ts"]),
+    }
+
+
+def write_batches(
+    batches: Iterator[pa.RecordBatch], settings: SinkSettings
+) -> Iterator[pa.RecordBatch]:
+    """Writes one partition of a micro-batch's output; yields how many rows went where."""
+    client = _redis(settings)
+    producer: KafkaProducer | None = None
+    for batch in batches:
+        rows = batch.to_pylist()
+        now = int(time.time() * 1000)
+        pipeline = client.pipeline(transaction=False)
+        decisions = rejects = 0
+        for row in rows:
+            if row["row_type"] == USAGE:
+                value = decision_value(row)
+                expire_at = max(value["until"], now + settings.keep_ms)
+                key = decision_key(settings.key_prefix, row["quota"], row["entity"])
+                pipeline.set(key, json.dumps(value, separators=(",", ":")), pxat=expire_at)
+                decisions += 1
+            elif row["row_type"] == REJECT:
+                producer = producer or _producer(settings)
+                producer.send(settings.dead_letter_topic, _dead_letter(row))
+                rejects += 1
+        pipeline.execute()
+        if producer is not None:
+            producer.flush()
+        yield pa.RecordBatch.from_pylist(
+            [{"decisions": decisions, "rejects": rejects}], schema=WRITE_COUNTS
+        )
+
+
+def _dead_letter(row: dict[str, Any]) -> bytes:
+    record = dead_letter_record(row["reason"], row["detail"], row["payload"] or b"")
+    record["source"] = {key: row[key] for key in ("topic", "partition", "offset")}
+    return json.dumps(record).encode()
+
+
+_REDIS: dict[tuple[str, int], redis.Redis] = {}
+_PRODUCERS: dict[str, KafkaProducer] = {}
+
+
+def _redis(settings: SinkSettings) -> redis.Redis:
+    key = (settings.redis_host, settings.redis_port)
+    if key not in _REDIS:
+        _REDIS[key] = redis.Redis(
+            host=settings.redis_host,
+            port=settings.redis_port,
+            password=settings.redis_password,
+            ssl=settings.redis_ssl,
+        )
+    return _REDIS[key]
+
+
+def _producer(settings: SinkSettings) -> KafkaProducer:
+    if settings.kafka_bootstrap not in _PRODUCERS:
+        _PRODUCERS[settings.kafka_bootstrap] = KafkaProducer(
+            bootstrap_servers=settings.kafka_bootstrap.split(",")
+        )
+    return _PRODUCERS[settings.kafka_bootstrap]

@@ -1,0 +1,154 @@
+"""The streaming query end to end: real broker (tansu), real Redis, real Spark (local)."""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import KafkaAdminClient, NewTopic
+from pyspark.sql import SparkSession
+
+from state.config import parse_quota_config
+from state.core import QuotaCore
+from state.events import parse_events
+from streaming.job import local_spark, start_query
+from streaming.services import LocalService, start_kafka, start_redis
+from streaming.settings import EngineSettings
+from tests.factories import BASE, fetch, produce, remote
+
+CONFIG = parse_quota_config(
+    {
+        "clients": [{"user": "<default>", "producer_byte_rate": 2000, "consumer_byte_rate": 3000}],
+        "brokers": {"<default>": {"remote.log.manager.copy.max.bytes.per.second": 4000}},
+    },
+    "test config",
+)
+
+
+@pytest.fixture(scope="module")
+def kafka() -> Iterator[LocalService]:
+    with start_kafka() as service:
+        yield service
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[LocalService]:
+    with start_redis() as service:
+        yield service
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = local_spark(EngineSettings())
+    yield session
+    session.stop()
+
+
+def engine_settings(
+    kafka: LocalService, redis_server: LocalService, tmp_path: Path, topic: str
+) -> EngineSettings:
+    return EngineSettings.model_validate(
+        {
+            "kafka": {
+                "bootstrap_servers": kafka.address,
+                "topics": [topic],
+                "starting_offsets": "earliest",
+                "dead_letter_topic": f"{topic}.dead-letter",
+            },
+            "redis": {
+                "host": redis_server.host,
+                "port": redis_server.port,
+                "key_prefix": topic,
+            },
+            "spark": {"checkpoint": str(tmp_path / "checkpoint"), "shards": 4},
+        }
+    )
+
+
+def traffic(seed: int, count: int) -> list[bytes]:
+    rng = random.Random(seed)
+    makers = [
+        lambda ts: produce(f"u{rng.randrange(5)}", "c", rng.randrange(3000), ts, rng.randrange(2)),
+        lambda ts: fetch(f"u{rng.randrange(5)}", "c", rng.randrange(3000), ts),
+        lambda ts: remote("remote_copy", rng.randrange(2), rng.randrange(5000), ts),
+    ]
+    return [
+        json.dumps(rng.choice(makers)(BASE + rng.randrange(20_000))).encode() for _ in range(count)
+    ]
+
+
+def publish(kafka: LocalService, topic: str, values: list[bytes], partitions: int = 3) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=kafka.address)
+    admin.create_topics([NewTopic(topic, partitions, 1)])
+    admin.close()
+    producer = KafkaProducer(bootstrap_servers=kafka.address, linger_ms=10)
+    for i, value in enumerate(values):
+        producer.send(topic, value, partition=i % partitions)
+    producer.flush()
+    producer.close()
+
+
+def final_decisions(values: list[bytes]) -> dict[tuple[str, str], dict[str, Any]]:
+    """The core's decision at each entity's clock after all events (replay, in time order)."""
+    events = parse_events(values).accepted.sort_values("ts", kind="stable", ignore_index=True)
+    decided = QuotaCore(CONFIG).decide(events)
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in decided.to_dict(orient="records"):
+        latest[(str(row["quota"]), str(row["entity"]))] = {str(k): v for k, v in row.items()}
+    return latest
+
+
+def dead_letters(kafka: LocalService, topic: str) -> list[dict[str, Any]]:
+    consumer = KafkaConsumer(bootstrap_servers=kafka.address, consumer_timeout_ms=3000)
+    partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+    consumer.assign(partitions)
+    consumer.seek_to_beginning(*partitions)
+    records = [json.loads(record.value) for record in consumer]
+    consumer.close()
+    return records
+
+
+def test_events_in_kafka_become_decisions_in_redis(
+    spark: SparkSession, kafka: LocalService, redis_server: LocalService, tmp_path: Path
+) -> None:
+    topic = f"events-{uuid.uuid4().hex[:8]}"
+    values = traffic(7, 600)
+    bad = [b"not json", b'{"kind": "produce", "bytes": -1}', b'{"kind": "teleport", "ts": 1}']
+    publish(kafka, topic, values[:300] + bad + values[300:])
+    settings = engine_settings(kafka, redis_server, tmp_path, topic)
+
+    query = start_query(spark, settings, CONFIG, available_now=True)
+    query.awaitTermination(300)
+    assert query.exception() is None
+
+    client = redis.Redis(host=redis_server.host, port=redis_server.port)
+    expected = final_decisions(values)
+    stored: dict[str, dict[str, Any]] = {}
+    for key in client.scan_iter(f"{topic}:*"):
+        value = client.get(key)
+        assert isinstance(value, bytes)
+        stored[key.decode()] = json.loads(value)
+    assert len(stored) == len(expected)
+    for (quota, entity), want in expected.items():
+        got = stored[f"{topic}:{quota}:{entity}"]
+        assert got["rate"] == pytest.approx(want["rate"])
+        assert got["throttle_ms"] == want["throttle_ms"]
+        assert got["exceeded"] == want["exceeded"]
+        assert got["until"] == int(want["ts"]) + int(want["throttle_ms"])
+    assert any(value["exceeded"] for value in stored.values())
+
+    rejected = dead_letters(kafka, f"{topic}.dead-letter")
+    assert sorted(r["reason"] for r in rejected) == [
+        "invalid_json",
+        "missing_field",
+        "unknown_kind",
+    ]
+    assert {r["payload"] for r in rejected} == {b.decode() for b in bad}
+    assert all(r["source"]["topic"] == topic for r in rejected)
