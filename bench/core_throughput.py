@@ -57,10 +57,12 @@ def synthetic_events(count: int, clients: int, seed: int = 1) -> pd.DataFrame:
             "user": np.where(client_side, users[client], None),
             "client_id": np.where(client_side, client_ids[client], None),
             "broker": rng.integers(0, 12, count),
-            "topic": np.where(topic_side, "orders", None),
+            "topic": np.where(topic_side, np.array("orders", dtype=object), np.array(None)),
             "partition": np.where(topic_side, rng.integers(0, 64, count), -1),
             "role": np.where(
-                kind == "replication", rng.choice(["leader", "follower"], count), None
+                kind == "replication",
+                rng.choice(np.array(["leader", "follower"], dtype=object), count),
+                np.array(None),
             ),
             "replica": np.where(kind == "replication", rng.integers(0, 12, count), -1),
             "in_sync": rng.random(count) < 0.7,
@@ -158,7 +160,8 @@ def main() -> None:
     whole = [time_decide(events, len(events)) for _ in range(args.repeat)]
 
     def rate(runs: list[Timing], field: str) -> int:
-        return round(args.events / statistics.median(getattr(run, field) for run in runs))
+        seconds = float(statistics.median(getattr(run, field) for run in runs))
+        return round(int(args.events) / seconds)
 
     result = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),

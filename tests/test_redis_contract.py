@@ -1,0 +1,91 @@
+"""The Redis key contract, both ends: the sink's writer and the agents' lookup client."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pytest
+import redis
+
+from quotastream import QuotaClient
+from state.config import parse_quota_config
+from streaming.services import LocalService, start_redis
+from streaming.sinks import SinkSettings, write_batches
+from streaming.stages import DECISION_SCHEMA, USAGE
+
+CONFIG = parse_quota_config(
+    {"clients": [{"user": "alice", "producer_byte_rate": 100}]}, "contract config"
+)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LocalService]:
+    with start_redis() as service:
+        yield service
+
+
+def decision_row(entity: str, ts: int, throttle_ms: int) -> dict[str, object]:
+    return {
+        "row_type": USAGE,
+        "quota": "produce",
+        "entity": entity,
+        "ts": ts,
+        "rate": 150.0,
+        "limit": 100.0,
+        "throttle_ms": throttle_ms,
+        "exceeded": throttle_ms > 0,
+        "window_ms": 10_000,
+        "topic": None,
+        "partition": None,
+        "offset": None,
+        "payload": None,
+        "reason": None,
+        "detail": None,
+    }
+
+
+def write(server: LocalService, rows: list[dict[str, object]], keep_ms: int = 30_000) -> None:
+    settings = SinkSettings(server.host, server.port, key_prefix="qs", keep_ms=keep_ms)
+    batch = pa.RecordBatch.from_pylist(rows, schema=DECISION_SCHEMA)
+    counts = list(write_batches(iter([batch]), settings))
+    assert counts[0].to_pylist() == [{"decisions": len(rows), "rejects": 0}]
+
+
+def test_a_written_decision_reads_back_in_one_lookup(server: LocalService) -> None:
+    now = int(time.time() * 1000)
+    write(server, [decision_row("user=alice,broker=1", now, 5000)])
+    client = QuotaClient.connect(server.host, server.port, prefix="qs", config=CONFIG)
+    decision = client.for_client("produce", user="alice", client_id="any", broker=1)
+    assert decision is not None
+    assert (decision.entity, decision.throttle_ms, decision.until) == (
+        "user=alice,broker=1",
+        5000,
+        now + 5000,
+    )
+    assert (decision.rate, decision.limit, decision.exceeded) == (150.0, 100.0, True)
+    assert 4000 < decision.throttle_ms_now() <= 5000
+    assert decision.throttle_ms_now(now_ms=now + 6000) == 0
+    assert client.lookup("produce", "user=nobody,broker=1") is None
+
+
+def test_keys_expire_when_the_throttle_ends_but_not_before_keep_ms(server: LocalService) -> None:
+    now = int(time.time() * 1000)
+    write(
+        server,
+        [decision_row("user=a,broker=1", now, 60_000), decision_row("user=b,broker=1", now, 0)],
+        keep_ms=20_000,
+    )
+    raw = redis.Redis(host=server.host, port=server.port)
+    ttl_a, ttl_b = raw.pttl("qs:produce:user=a,broker=1"), raw.pttl("qs:produce:user=b,broker=1")
+    assert isinstance(ttl_a, int)
+    assert isinstance(ttl_b, int)
+    assert 55_000 < ttl_a <= 60_000
+    assert 15_000 < ttl_b <= 20_000
+
+
+def test_resolving_a_client_needs_the_config(server: LocalService) -> None:
+    client = QuotaClient.connect(server.host, server.port)
+    with pytest.raises(ValueError, match="needs the quota config"):
+        client.for_client("produce", user="alice", client_id="x", broker=1)
