@@ -51,6 +51,33 @@ def _parser() -> argparse.ArgumentParser:
     run_replay.add_argument(
         "--batch-size", type=int, default=65_536, metavar="LINES", help=argparse.SUPPRESS
     )
+
+    run_engine = commands.add_parser(
+        "run",
+        help="run the streaming engine (embedded broker, Redis and traffic by default)",
+        description=(
+            "Runs the streaming query: Kafka events to quota decisions in Redis, with a live view "
+            "of the entities nearest their limits. Without --engine-config it starts everything "
+            "itself on free loopback ports (a Kafka-compatible broker, Redis, simulated traffic); "
+            "with it, it uses the Kafka and Redis the file names. Ctrl-C stops all it started."
+        ),
+    )
+    run_engine.add_argument("--engine-config", type=Path, help="engine settings YAML")
+    run_engine.add_argument(
+        "--embedded",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="start a local broker and Redis (default: only without --engine-config)",
+    )
+    run_engine.add_argument(
+        "--simulate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="publish simulated traffic (default: when embedded)",
+    )
+    run_engine.add_argument(
+        "--duration", type=float, metavar="SECONDS", help="stop after this long (default: never)"
+    )
     return parser
 
 
@@ -58,6 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "replay":
         return _replay(args)
+    if args.command == "run":
+        return _run(args)
     raise AssertionError(f"unhandled command {args.command}")  # argparse rejects others
 
 
@@ -99,6 +128,24 @@ def _replay(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return EXIT_OK
+
+
+def _run(args: argparse.Namespace) -> int:
+    from streaming.run import RunOptions, run  # noqa: PLC0415 - replay need not load Spark
+
+    embedded = args.embedded if args.embedded is not None else args.engine_config is None
+    try:
+        settings = load_engine_settings(args.engine_config)
+        return run(
+            RunOptions(
+                settings=settings,
+                embedded=embedded,
+                simulate=args.simulate if args.simulate is not None else embedded,
+                duration_s=args.duration,
+            )
+        )
+    except ConfigError as exc:
+        return _fail(EXIT_BAD_CONFIG, str(exc))
 
 
 def _fail(code: int, message: str) -> int:

@@ -53,6 +53,8 @@ def local_spark(settings: EngineSettings, app_name: str = "quotastream") -> Spar
         # No timeouts are used yet, so batches without data would only cost time.
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        # Stopping a query whose foreachBatch is running overflowed the default thread stack.
+        .config("spark.driver.extraJavaOptions", "-Xss16m")
         .getOrCreate()
     )
     spark.dataSource.register(KafkaSource)

@@ -9,6 +9,7 @@ import pytest
 from state.config import DEFAULT, QuotaConfig, ThrottledReplicas, load_quota_config
 from state.configfile import ConfigError
 from state.quota_types import QuotaType
+from streaming.settings import load_engine_settings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -111,3 +112,19 @@ def test_errors_name_file_key_and_value(tmp_path: Path, text: str, expected: str
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"nope\.yaml: file not found"):
         load_quota_config(tmp_path / "nope.yaml")
+
+
+def test_shipped_engine_settings_are_valid() -> None:
+    settings = load_engine_settings(REPO / "conf" / "engine.yaml")
+    assert settings.kafka.topics == ["quotastream.events"]
+    assert settings.spark.shards == 8
+    assert settings.quotas == "conf/quotas.yaml"
+
+
+def test_secrets_never_show_in_settings_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUOTASTREAM_REDIS__PASSWORD", "hunter2")
+    settings = load_engine_settings(REPO / "conf" / "engine.yaml")
+    assert settings.redis.password is not None
+    assert settings.redis.password.get_secret_value() == "hunter2"
+    assert "hunter2" not in repr(settings)
+    assert "hunter2" not in str(settings.model_dump())

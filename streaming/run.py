@@ -1,0 +1,131 @@
+"""``quotastream run``: the streaming engine, on its embedded default or on configured servers.
+
+Embedded (the default without ``--engine-config``): a Kafka-compatible broker and a Redis on free
+loopback ports, the simulated traffic, local Spark, and a live view. Pointing the engine at a real
+cluster is configuration only (``conf/engine.yaml`` and ``QUOTASTREAM_*`` variables).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+from kafka.admin import KafkaAdminClient, NewTopic
+from rich.console import Console
+from rich.live import Live
+
+from state.config import load_quota_config
+from streaming.job import local_spark, start_query
+from streaming.live_view import snapshot
+from streaming.services import start_kafka, start_redis
+from streaming.settings import EngineSettings
+from streaming.traffic import LiveTraffic
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    settings: EngineSettings
+    embedded: bool
+    simulate: bool
+    duration_s: float | None
+
+
+def run(options: RunOptions) -> int:
+    config = load_quota_config(Path(options.settings.quotas))
+    console = Console(stderr=True)
+    with contextlib.ExitStack() as stack:
+        settings = options.settings
+        if options.embedded:
+            settings = stack.enter_context(_embedded(settings, console))
+        traffic = None
+        if options.simulate:
+            traffic = LiveTraffic(settings.kafka.bootstrap_servers, settings.kafka.topics[0])
+            traffic.start()
+            stack.callback(traffic.stop)
+        console.print("starting Spark …")
+        spark = local_spark(settings)
+        stack.callback(spark.stop)
+        query = start_query(spark, settings, config)
+        stack.callback(_stop_query, query)
+        _watch(settings, query, console, options.duration_s)
+        if query.exception() is not None:
+            console.print(f"[red]the query failed:[/red] {query.exception()}")
+            return 1
+    return 0
+
+
+@contextlib.contextmanager
+def _embedded(settings: EngineSettings, console: Console) -> Iterator[EngineSettings]:
+    """Real servers on free loopback ports, and settings that point at them."""
+    with start_kafka() as kafka, start_redis() as redis_server:
+        topic = settings.kafka.topics[0]
+        admin = KafkaAdminClient(bootstrap_servers=kafka.address)
+        admin.create_topics([NewTopic(topic, 3, 1)])
+        admin.close()
+        checkpoint = tempfile.mkdtemp(prefix="quotastream-checkpoint-")
+        console.print(
+            f"embedded: Kafka-compatible broker {kafka.address}, Redis {redis_server.address}, "
+            f"checkpoint {checkpoint}"
+        )
+        override: dict[str, Any] = settings.model_dump()
+        override["kafka"].update(bootstrap_servers=kafka.address, starting_offsets="earliest",
+                                 client={})  # fmt: skip
+        override["redis"].update(host=redis_server.host, port=redis_server.port, password=None)
+        override["spark"].update(checkpoint=checkpoint)
+        yield EngineSettings.model_validate(override)
+
+
+def _watch(
+    settings: EngineSettings, query: Any, console: Console, duration_s: float | None
+) -> None:
+    client = redis.Redis(
+        host=settings.redis.host,
+        port=settings.redis.port,
+        password=settings.redis.password.get_secret_value() if settings.redis.password else None,
+        ssl=settings.redis.ssl,
+    )
+    deadline = None if duration_s is None else time.monotonic() + duration_s
+    interactive = console.is_terminal
+    stop = _StopOnSignal()
+    with (
+        Live(console=console, auto_refresh=False, transient=False)
+        if interactive
+        else (contextlib.nullcontext()) as live
+    ):
+        while query.isActive and not stop.requested:
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            view = snapshot(client, settings.redis.key_prefix)
+            if live is not None:
+                live.update(view.table(), refresh=True)
+            else:
+                print(f"quotastream: {view.summary()}", flush=True)
+            time.sleep(1.0)
+    client.close()
+
+
+class _StopOnSignal:
+    """Turns Ctrl-C / SIGTERM into a clean stop of everything the run started."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGINT, self._request)
+        signal.signal(signal.SIGTERM, self._request)
+
+    def _request(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+
+def _stop_query(query: Any) -> None:
+    with contextlib.suppress(Exception):
+        query.stop()
