@@ -78,6 +78,11 @@ def _parser() -> argparse.ArgumentParser:
     run_engine.add_argument(
         "--duration", type=float, metavar="SECONDS", help="stop after this long (default: never)"
     )
+    run_engine.add_argument(
+        "--available-now",
+        action="store_true",
+        help="decide what the topics hold now, then stop (catch up after downtime, tests)",
+    )
     return parser
 
 
@@ -142,6 +147,7 @@ def _run(args: argparse.Namespace) -> int:
                 embedded=embedded,
                 simulate=args.simulate if args.simulate is not None else embedded,
                 duration_s=args.duration,
+                available_now=args.available_now,
             )
         )
     except ConfigError as exc:

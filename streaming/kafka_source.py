@@ -31,7 +31,12 @@ import pyarrow as pa
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import OffsetOutOfRangeError
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import StructType
 from typing_extensions import override
 
@@ -80,14 +85,20 @@ class KafkaSource(DataSource):
         return KafkaStreamReader(SourceOptions.parse(self.options))
 
 
-class KafkaStreamReader(DataSourceStreamReader):
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._consumer: KafkaConsumer | None = None
+        #: With Trigger.AvailableNow: the ends to stop at, taken when the query starts.
+        self._target: Offsets | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Shipped to the workers without the driver's consumer.
-        return {"options": self.options, "_consumer": None}
+        return {"options": self.options, "_consumer": None, "_target": None}
+
+    @override
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._true_ends(self._topic_partitions())
 
     # ------------------------------------------------------------------ driver side
     @override
@@ -119,6 +130,13 @@ class KafkaStreamReader(DataSourceStreamReader):
         for tp, end in available.items():
             if end < begin.get(tp, 0):
                 self._lost(tp, f"the next offset to read is {begin[tp]} but the log ends at {end}")
+        if self._target is not None:
+            # Stop at what existed when the query started; never go back behind the checkpoint.
+            target = self._target
+            available = {
+                tp: max(begin.get(tp, 0), min(end, target.get(tp, begin.get(tp, 0))))
+                for tp, end in available.items()
+            }
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         ends = limit_end({tp: begin[tp] for tp in available}, available, max_rows)
         return to_json({**begin, **{tp: max(end, 0) for tp, end in ends.items()}})

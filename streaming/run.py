@@ -38,6 +38,8 @@ class RunOptions:
     embedded: bool
     simulate: bool
     duration_s: float | None
+    #: Process what the topics hold now, then stop (Spark's availableNow trigger).
+    available_now: bool = False
 
 
 def run(options: RunOptions) -> int:
@@ -55,7 +57,7 @@ def run(options: RunOptions) -> int:
         console.print("starting Spark …")
         spark = local_spark(settings)
         stack.callback(spark.stop)
-        query = start_query(spark, settings, config)
+        query = start_query(spark, settings, config, available_now=options.available_now)
         stack.callback(_stop_query, query)
         _watch(settings, query, console, options.duration_s)
         if query.exception() is not None:
@@ -111,6 +113,9 @@ def _watch(
             else:
                 print(f"quotastream: {view.summary()}", flush=True)
             time.sleep(1.0)
+    print(
+        f"quotastream: final: {snapshot(client, settings.redis.key_prefix).summary()}", flush=True
+    )
     client.close()
 
 

@@ -173,3 +173,20 @@ def test_max_offsets_per_trigger_is_the_default_read_limit(broker: LocalService)
     assert isinstance(reader(broker, topic).getDefaultReadLimit(), ReadAllAvailable)
     limit = reader(broker, topic, maxOffsetsPerTrigger="10").getDefaultReadLimit()
     assert limit == ReadMaxRows(10)
+
+
+def test_available_now_stops_at_what_existed_when_the_query_started(
+    broker: LocalService,
+) -> None:
+    topic = new_topic(broker, 1)
+    produce(broker, topic, 100, 1)
+    source = reader(broker, topic, startingOffsets="earliest", maxOffsetsPerTrigger="30")
+    source.prepareForTriggerAvailableNow()
+    produce(broker, topic, 50, 1, first=100)  # arrives after the start: not part of this run
+    start = source.initialOffset()
+    ends = []
+    while (end := source.latestOffset(start, source.getDefaultReadLimit())) != start:
+        ends.append(end[topic]["0"])
+        start = end
+    assert ends == [30, 60, 90, 100]
+    source.stop()
