@@ -15,6 +15,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 from pyspark.sql import SparkSession
 
+from quotastream import QuotaClient
 from state.config import parse_quota_config
 from state.core import QuotaCore
 from state.events import parse_events
@@ -143,6 +144,14 @@ def test_events_in_kafka_become_decisions_in_redis(
         assert got["exceeded"] == want["exceeded"]
         assert got["until"] == int(want["ts"]) + int(want["throttle_ms"])
     assert any(value["exceeded"] for value in stored.values())
+    # What an enforcement point sees, through the lookup client.
+    agent = QuotaClient.connect(redis_server.host, redis_server.port, prefix=topic, config=CONFIG)
+    user = next(e for q, e in expected if q == "produce").split(",")[0].removeprefix("user=")
+    broker = int(next(e for q, e in expected if q == "produce").rsplit("=", 1)[1])
+    decision = agent.for_client("produce", user=user, client_id="c", broker=broker)
+    want = expected[("produce", f"user={user},broker={broker}")]
+    assert decision is not None
+    assert (decision.throttle_ms, decision.exceeded) == (want["throttle_ms"], want["exceeded"])
 
     rejected = dead_letters(kafka, f"{topic}.dead-letter")
     assert sorted(r["reason"] for r in rejected) == [
