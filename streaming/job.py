@@ -86,12 +86,14 @@ def start_query(
         bounds=settings.events.bounds(None),
         max_payload_bytes=settings.events.max_payload_bytes,
         shards=settings.spark.shards,
+        max_past_ms=settings.events.max_past_ms,
+        max_future_ms=settings.events.max_future_ms,
     )
     staged = reader.load().mapInArrow(
         partial(usage_batches, settings=stage), from_arrow_schema(STAGE_SCHEMA)
     )
     decided = staged.groupBy("shard").applyInPandasWithState(
-        partial(_update_group, config=config),
+        partial(_update_group, stage=stage),
         outputStructType=from_arrow_schema(DECISION_SCHEMA),
         stateStructType=STATE_SCHEMA,
         outputMode="Update",
@@ -123,11 +125,11 @@ def start_query(
 
 
 def _update_group(
-    key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: GroupState, config: QuotaConfig
+    key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: GroupState, stage: StageSettings
 ) -> Iterator[pd.DataFrame]:
     rows = pd.concat(list(frames), ignore_index=True)
     previous = state.get[0] if state.exists else None
-    new_state, decisions = update_shard(previous, rows, config)
+    new_state, decisions = update_shard(previous, rows, stage.config, stage.eviction_horizon())
     if int(key[0]) >= 0:  # the dead-letter group (-1) keeps no state
         state.update((new_state,))
     yield decisions

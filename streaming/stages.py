@@ -14,7 +14,8 @@ many entities, not one entity.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,9 +65,20 @@ _KIND_OF_QUOTA = {
 @dataclass(frozen=True)
 class StageSettings:
     config: QuotaConfig
-    bounds: EventBounds
+    bounds: EventBounds  # absolute event-time bounds
     max_payload_bytes: int
     shards: int
+    #: Events older than the wall clock by more than this are rejected, so no entity idle for
+    #: longer can receive bytes again: its state can go (None: keep every entity).
+    max_past_ms: int | None = None
+    max_future_ms: int | None = None
+    clock: Callable[[], float] = time.time
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def eviction_horizon(self) -> int | None:
+        return None if self.max_past_ms is None else self.now_ms() - self.max_past_ms
 
 
 def shard_of(entities: pd.Series, shards: int) -> npt.NDArray[np.int32]:
@@ -83,7 +95,10 @@ def usage_batches(
     for batch in batches:
         values = batch.column("value").to_pylist()
         payloads = [value if value is not None else b"" for value in values]
-        parsed = parse_events(payloads, settings.bounds, settings.max_payload_bytes)
+        bounds = settings.bounds.around(
+            settings.now_ms(), settings.max_past_ms, settings.max_future_ms
+        )
+        parsed = parse_events(payloads, bounds, settings.max_payload_bytes)
         if len(parsed.accepted):
             usage = _usage(core.resolve(parsed.accepted), settings)
             if len(usage):
@@ -167,9 +182,13 @@ DECISION_SCHEMA = pa.schema(
 
 
 def update_shard(
-    state: bytes | None, rows: pd.DataFrame, config: QuotaConfig
+    state: bytes | None, rows: pd.DataFrame, config: QuotaConfig, horizon_ms: int | None = None
 ) -> tuple[bytes, pd.DataFrame]:
-    """Stage 2 for one shard: returns the new state and the decisions to emit."""
+    """Stage 2 for one shard: returns the new state and the decisions to emit.
+
+    Entities whose windows are empty at ``horizon_ms`` (the oldest event time still accepted)
+    are dropped from the state afterwards.
+    """
     rejects = rows[rows["row_type"] == REJECT]
     usage = rows[rows["row_type"] == USAGE].sort_values("ts", kind="stable")
     core = QuotaCore(config) if state is None else QuotaCore.restore(config, state)
@@ -201,4 +220,6 @@ def update_shard(
     for field in DECISION_SCHEMA.names:
         if field not in out:
             out[field] = None
+    if horizon_ms is not None:
+        core.evict_idle(horizon_ms)
     return core.encode_state(), out[DECISION_SCHEMA.names]

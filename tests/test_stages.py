@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from state.config import parse_quota_config
 from state.core import QuotaCore
 from state.events import EventBounds, parse_events
+from state.quota_types import QuotaType
 from streaming.kafka_source import ARROW_SCHEMA
-from streaming.stages import USAGE, StageSettings, update_shard, usage_batches
+from streaming.stages import REJECT, USAGE, StageSettings, update_shard, usage_batches
 from tests.factories import BASE, fetch, produce, remote, replication
 
 CONFIG = parse_quota_config(
@@ -120,3 +121,38 @@ def test_streaming_stages_reach_the_same_final_decisions_as_replay(
     assert list(got.index) == list(want.index)
     for column in ("rate", "throttle_ms", "exceeded", "window_ms"):
         assert got[column].tolist() == pytest.approx(want[column].tolist()), column
+
+
+def test_idle_entities_leave_the_state_and_late_events_for_them_are_rejected() -> None:
+    clock = [BASE / 1000]
+    stage = StageSettings(
+        CONFIG,
+        EventBounds(),
+        65_536,
+        shards=1,
+        max_past_ms=60_000,
+        max_future_ms=60_000,
+        clock=lambda: clock[0],
+    )
+
+    def step(values: list[bytes], state: bytes | None) -> tuple[bytes, pd.DataFrame]:
+        rows = pa.Table.from_batches(list(usage_batches(iter([kafka_batch(values)]), stage)))
+        return update_shard(state, rows.to_pandas(), CONFIG, stage.eviction_horizon())
+
+    first = [json.dumps(produce(f"u{i}", "c", 1000, BASE)).encode() for i in range(4)]
+    state, _ = step(first, None)
+    assert len(QuotaCore.restore(CONFIG, state).tables[QuotaType.PRODUCE]) == 4
+
+    clock[0] += 2 * 3600  # two hours later only u0 is active
+    later = BASE + 2 * 3600 * 1000
+    state, out = step(
+        [
+            json.dumps(produce("u0", "c", 500, later)).encode(),
+            json.dumps(produce("u1", "c", 500, BASE)).encode(),
+        ],  # too old now: rejected
+        state,
+    )
+    table = QuotaCore.restore(CONFIG, state).tables[QuotaType.PRODUCE]
+    assert list(table.keys) == ["user=u0,broker=1"]
+    assert out.loc[out["row_type"] == REJECT, "reason"].tolist() == ["ts_out_of_bounds"]
+    assert out.loc[out["row_type"] == USAGE, "rate"].tolist() == [pytest.approx(500 / 10.0)]
