@@ -27,14 +27,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+import pyarrow as pa
 import redis
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from state.config import parse_quota_config
+from state.events import EventBounds
 from streaming.job import local_spark, start_query
+from streaming.kafka_source import KafkaStreamReader
+from streaming.offsets import SourceOptions
 from streaming.services import LocalService, start_kafka, start_redis
 from streaming.settings import EngineSettings
+from streaming.sinks import SinkSettings, write_batches
+from streaming.stages import DECISION_SCHEMA, StageSettings, update_shard, usage_batches
 
 RESULTS = Path(__file__).resolve().parent / "results" / "pipeline.jsonl"
 CONFIG = parse_quota_config(
@@ -75,7 +83,11 @@ def producer(kafka: LocalService) -> KafkaProducer:
 
 
 def settings(
-    kafka: LocalService, redis_server: LocalService, topic: str, trigger_ms: int
+    kafka: LocalService,
+    redis_server: LocalService,
+    topic: str,
+    trigger_ms: int,
+    max_offsets: int | None = None,
 ) -> EngineSettings:
     return EngineSettings.model_validate(
         {
@@ -83,6 +95,7 @@ def settings(
                 "bootstrap_servers": kafka.address,
                 "topics": [topic],
                 "starting_offsets": "earliest",
+                "max_offsets_per_trigger": max_offsets,
             },
             "redis": {"host": redis_server.host, "port": redis_server.port, "key_prefix": topic},
             "spark": {
@@ -114,7 +127,12 @@ def throughput(
     out.flush()
     out.close()
     load_s = time.perf_counter() - started
-    query = start_query(spark, settings(kafka, redis_server, topic, 0), CONFIG, available_now=True)
+    query = start_query(
+        spark,
+        settings(kafka, redis_server, topic, 0, max_offsets=50_000),
+        CONFIG,
+        available_now=True,
+    )
     query.awaitTermination()
     progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
     rows = sum(p["numInputRows"] for p in progress)
@@ -123,10 +141,14 @@ def throughput(
     for p in progress:
         for phase, ms in p["durationMs"].items():
             breakdown[phase] = breakdown.get(phase, 0) + ms
+    warm = progress[1:]
+    warm_rows = sum(p["numInputRows"] for p in warm)
+    warm_ms = sum(p["durationMs"]["triggerExecution"] for p in warm)
     return {
         "events": rows,
         "batches": len(progress),
         "events_per_s": round(rows / (batch_ms / 1000)),
+        "events_per_s_after_first_batch": round(warm_rows / (warm_ms / 1000)) if warm else None,
         "batch_ms_breakdown": breakdown,
         "producer_events_per_s": round(count / load_s),
     }
@@ -197,6 +219,53 @@ def latency(
     }
 
 
+def stage_costs(
+    kafka: LocalService, redis_server: LocalService, count: int, clients: int
+) -> dict[str, int]:
+    """Events/s of each piece of the pipeline run in one process, without Spark: where the
+    per-event time goes (Spark adds scheduling, Arrow transfers and state commits on top)."""
+    topic = "stage-costs"
+    create_topic(kafka, topic)
+    rng = random.Random(3)
+    out = producer(kafka)
+    now = int(time.time() * 1000)
+    for i in range(count):
+        out.send(topic, event(rng, now + i // 100, clients), partition=i % PARTITIONS)
+    out.flush()
+    out.close()
+    source = KafkaStreamReader(
+        SourceOptions.parse(
+            {
+                "kafka.bootstrap.servers": kafka.address,
+                "subscribe": topic,
+                "startingOffsets": "earliest",
+            }
+        )
+    )
+    start = source.initialOffset()
+    end = source.latestOffset(start, ReadAllAvailable())
+    timings: dict[str, float] = {}
+    began = time.perf_counter()
+    batches = [batch for part in source.partitions(start, end) for batch in source.read(part)]
+    timings["kafka_read"] = time.perf_counter() - began
+    stage = StageSettings(CONFIG, EventBounds(), 65_536, shards=8)
+    began = time.perf_counter()
+    staged = pa.Table.from_batches(list(usage_batches(iter(batches), stage))).to_pandas()
+    timings["stage1_validate_resolve_sum"] = time.perf_counter() - began
+    began = time.perf_counter()
+    decided = [update_shard(None, rows, CONFIG)[1] for _, rows in staged.groupby("shard")]
+    timings["stage2_state_update"] = time.perf_counter() - began
+    decisions = pa.RecordBatch.from_pandas(
+        pd.concat(decided, ignore_index=True), schema=DECISION_SCHEMA, preserve_index=False
+    )
+    began = time.perf_counter()
+    list(write_batches(iter([decisions]), SinkSettings(redis_server.host, redis_server.port)))
+    timings["redis_sink"] = time.perf_counter() - began
+    source.stop()
+    events = sum(batch.num_rows for batch in batches)
+    return {f"{name}_events_per_s": round(events / seconds) for name, seconds in timings.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=300_000)
@@ -210,6 +279,7 @@ def main() -> None:
             result = {
                 "when": datetime.now(UTC).isoformat(timespec="seconds"),
                 "machine": f"{platform.machine()} {os.cpu_count()} cpu, local[2]",
+                "stage_costs_one_process": stage_costs(kafka, redis_server, 100_000, args.clients),
                 "throughput": throughput(spark, kafka, redis_server, args.events, args.clients),
                 "latency": latency(
                     spark,
