@@ -19,17 +19,16 @@ import statistics
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from results import record  # bench/ is on sys.path when a script in it runs
 
 from state.config import parse_quota_config
 from state.core import QuotaCore
 from state.encoding import decode_tables, encode_tables
 from state.events import EVENT_COLUMNS, KIND_DTYPE, ROLE_DTYPE, parse_events
 
-RESULTS = Path(__file__).resolve().parent / "results" / "core_throughput.jsonl"
 START = 1_767_225_600_000
 
 
@@ -178,10 +177,7 @@ def main() -> None:
         "parse_events_per_s": round(time_parse(events, min(args.events, 200_000))),
         **time_encoding(events),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    with RESULTS.open("a") as out:
-        out.write(json.dumps(result) + "\n")
-    print(json.dumps(result, indent=2))
+    record("core_throughput", result)
 
 
 if __name__ == "__main__":

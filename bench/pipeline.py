@@ -24,7 +24,6 @@ import tempfile
 import threading
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -33,6 +32,7 @@ import redis
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 from pyspark.sql.streaming.datasource import ReadAllAvailable
+from results import record  # bench/ is on sys.path when a script in it runs
 
 from state.config import parse_quota_config
 from state.events import EventBounds
@@ -44,7 +44,6 @@ from streaming.settings import EngineSettings
 from streaming.sinks import SinkSettings, write_batches
 from streaming.stages import DECISION_SCHEMA, StageSettings, update_shard, usage_batches
 
-RESULTS = Path(__file__).resolve().parent / "results" / "pipeline.jsonl"
 CONFIG = parse_quota_config(
     {
         "clients": [{"user": "<default>", "producer_byte_rate": 1_000_000}],
@@ -89,22 +88,32 @@ def settings(
     trigger_ms: int,
     max_offsets: int | None = None,
 ) -> EngineSettings:
-    return EngineSettings.model_validate(
-        {
-            "kafka": {
-                "bootstrap_servers": kafka.address,
-                "topics": [topic],
-                "starting_offsets": "earliest",
-                "max_offsets_per_trigger": max_offsets,
-            },
-            "redis": {"host": redis_server.host, "port": redis_server.port, "key_prefix": topic},
-            "spark": {
-                "checkpoint": tempfile.mkdtemp(prefix="bench-checkpoint-"),
-                "shards": 8,
-                "trigger_ms": trigger_ms,
-            },
-        }
+    base = EngineSettings.model_validate(
+        {"redis": {"key_prefix": topic}, "spark": {"shards": 8, "trigger_ms": trigger_ms}}
     )
+    return base.pointed_at(
+        kafka.address,
+        redis_server.host,
+        redis_server.port,
+        tempfile.mkdtemp(prefix="bench-checkpoint-"),
+        topics=[topic],
+        starting_offsets="earliest",
+        max_offsets_per_trigger=max_offsets,
+    )
+
+
+def preload(kafka: LocalService, topic: str, count: int, clients: int, seed: int) -> float:
+    """Publishes ``count`` events to a new topic; returns the seconds it took."""
+    create_topic(kafka, topic)
+    rng = random.Random(seed)
+    started = time.perf_counter()
+    out = producer(kafka)
+    now = int(time.time() * 1000)
+    for i in range(count):
+        out.send(topic, event(rng, now + i // 100, clients), partition=i % PARTITIONS)
+    out.flush()
+    out.close()
+    return time.perf_counter() - started
 
 
 def create_topic(kafka: LocalService, topic: str) -> None:
@@ -117,16 +126,7 @@ def throughput(
     spark: Any, kafka: LocalService, redis_server: LocalService, count: int, clients: int
 ) -> dict[str, Any]:
     topic = "throughput"
-    create_topic(kafka, topic)
-    rng = random.Random(1)
-    started = time.perf_counter()
-    out = producer(kafka)
-    now = int(time.time() * 1000)
-    for i in range(count):
-        out.send(topic, event(rng, now + i // 100, clients), partition=i % PARTITIONS)
-    out.flush()
-    out.close()
-    load_s = time.perf_counter() - started
+    load_s = preload(kafka, topic, count, clients, seed=1)
     query = start_query(
         spark,
         settings(kafka, redis_server, topic, 0, max_offsets=50_000),
@@ -225,14 +225,7 @@ def stage_costs(
     """Events/s of each piece of the pipeline run in one process, without Spark: where the
     per-event time goes (Spark adds scheduling, Arrow transfers and state commits on top)."""
     topic = "stage-costs"
-    create_topic(kafka, topic)
-    rng = random.Random(3)
-    out = producer(kafka)
-    now = int(time.time() * 1000)
-    for i in range(count):
-        out.send(topic, event(rng, now + i // 100, clients), partition=i % PARTITIONS)
-    out.flush()
-    out.close()
+    preload(kafka, topic, count, clients, seed=3)
     source = KafkaStreamReader(
         SourceOptions.parse(
             {
@@ -292,10 +285,7 @@ def main() -> None:
             }
         finally:
             spark.stop()
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    with RESULTS.open("a") as out:
-        out.write(json.dumps(result) + "\n")
-    print(json.dumps(result, indent=2))
+    record("pipeline", result)
 
 
 if __name__ == "__main__":

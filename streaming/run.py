@@ -79,12 +79,13 @@ def _embedded(settings: EngineSettings, console: Console) -> Iterator[EngineSett
             f"embedded: Kafka-compatible broker {kafka.address}, Redis {redis_server.address}, "
             f"checkpoint {checkpoint}"
         )
-        override: dict[str, Any] = settings.model_dump()
-        override["kafka"].update(bootstrap_servers=kafka.address, starting_offsets="earliest",
-                                 client={})  # fmt: skip
-        override["redis"].update(host=redis_server.host, port=redis_server.port, password=None)
-        override["spark"].update(checkpoint=checkpoint)
-        yield EngineSettings.model_validate(override)
+        yield settings.pointed_at(
+            kafka.address,
+            redis_server.host,
+            redis_server.port,
+            checkpoint,
+            starting_offsets="earliest",
+        )
 
 
 def _watch(

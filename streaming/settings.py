@@ -6,7 +6,7 @@ Nested keys use ``__`` in variable names: ``QUOTASTREAM_EVENTS__MAX_PAST_MS=6000
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -83,6 +83,21 @@ class EngineSettings(BaseSettings):
     kafka: KafkaSettings = KafkaSettings()
     redis: RedisSettings = RedisSettings()
     spark: SparkSettings = SparkSettings()
+
+    def pointed_at(
+        self,
+        bootstrap_servers: str,
+        redis_host: str,
+        redis_port: int,
+        checkpoint: str,
+        **kafka_overrides: Any,
+    ) -> EngineSettings:
+        """These settings, reading and writing the given local servers (no credentials)."""
+        data = self.model_dump()
+        data["kafka"].update(bootstrap_servers=bootstrap_servers, client={}, **kafka_overrides)
+        data["redis"].update(host=redis_host, port=redis_port, password=None, ssl=False)
+        data["spark"].update(checkpoint=checkpoint)
+        return EngineSettings.model_validate(data)
 
     @classmethod
     def settings_customise_sources(

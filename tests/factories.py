@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import random
 from typing import Any
 
 BASE = 1_700_000_000_000  # epoch ms, a multiple of 1000
@@ -56,3 +58,34 @@ def replication(
         "bytes": nbytes,
         "ts": ts,
     }
+
+
+#: Quotas under which the mixed traffic below throttles a little of everything.
+MIXED_QUOTAS: dict[str, Any] = {
+    "clients": [{"user": "<default>", "producer_byte_rate": 2000, "consumer_byte_rate": 3000}],
+    "brokers": {
+        "<default>": {
+            "remote.log.manager.copy.max.bytes.per.second": 4000,
+            "leader.replication.throttled.rate": 1500,
+        }
+    },
+    "topics": {"t": {"leader.replication.throttled.replicas": "*"}},
+}
+
+
+def mixed_payloads(seed: int, count: int, users: int = 4, span_ms: int = 20_000) -> list[bytes]:
+    """Random produce, fetch, remote copy and replication events over ``span_ms`` of time."""
+    rng = random.Random(seed)
+    makers = [
+        lambda ts: produce(
+            f"u{rng.randrange(users)}", "c", rng.randrange(3000), ts, rng.randrange(2)
+        ),
+        lambda ts: fetch(f"u{rng.randrange(users)}", "c", rng.randrange(3000), ts),
+        lambda ts: remote("remote_copy", rng.randrange(2), rng.randrange(5000), ts),
+        lambda ts: replication(
+            1, "leader", "t", rng.randrange(3), 5, rng.random() < 0.5, rng.randrange(2000), ts
+        ),
+    ]
+    return [
+        json.dumps(rng.choice(makers)(BASE + rng.randrange(span_ms))).encode() for _ in range(count)
+    ]

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import random
-
 import pandas as pd
 import pytest
 from hypothesis import given, settings
@@ -14,37 +11,13 @@ from state.config import parse_quota_config
 from state.core import RESOLVED_COLUMNS, QuotaCore
 from state.encoding import StateDecodeError
 from state.events import parse_events
-from tests.factories import BASE, fetch, produce, remote, replication
+from tests.factories import MIXED_QUOTAS, mixed_payloads
 
-CONFIG = parse_quota_config(
-    {
-        "clients": [{"user": "<default>", "producer_byte_rate": 2000, "consumer_byte_rate": 3000}],
-        "brokers": {
-            "<default>": {
-                "remote.log.manager.copy.max.bytes.per.second": 4000,
-                "leader.replication.throttled.rate": 1500,
-            }
-        },
-        "topics": {"t": {"leader.replication.throttled.replicas": "*"}},
-    },
-    "test config",
-)
+CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
 
 
 def events(seed: int, count: int) -> pd.DataFrame:
-    rng = random.Random(seed)
-    makers = [
-        lambda ts: produce(f"u{rng.randrange(3)}", "c", rng.randrange(3000), ts, rng.randrange(2)),
-        lambda ts: fetch(f"u{rng.randrange(3)}", "c", rng.randrange(3000), ts),
-        lambda ts: remote("remote_copy", rng.randrange(2), rng.randrange(5000), ts),
-        lambda ts: replication(
-            1, "leader", "t", rng.randrange(3), 5, rng.random() < 0.5, rng.randrange(2000), ts
-        ),
-    ]
-    payloads = [
-        json.dumps(rng.choice(makers)(BASE + rng.randrange(30_000))).encode() for _ in range(count)
-    ]
-    parsed = parse_events(payloads)
+    parsed = parse_events(mixed_payloads(seed, count, users=3, span_ms=30_000))
     assert parsed.rejected.empty
     return parsed.accepted
 

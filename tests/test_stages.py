@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import random
 from collections.abc import Hashable
 
 import pandas as pd
@@ -19,37 +18,14 @@ from state.events import EventBounds, parse_events
 from state.quota_types import QuotaType
 from streaming.kafka_source import ARROW_SCHEMA
 from streaming.stages import REJECT, USAGE, StageSettings, update_shard, usage_batches
-from tests.factories import BASE, fetch, produce, remote, replication
+from tests.factories import BASE, MIXED_QUOTAS, mixed_payloads, produce
 
-CONFIG = parse_quota_config(
-    {
-        "clients": [{"user": "<default>", "producer_byte_rate": 2000, "consumer_byte_rate": 3000}],
-        "brokers": {
-            "<default>": {
-                "remote.log.manager.copy.max.bytes.per.second": 4000,
-                "leader.replication.throttled.rate": 1500,
-            }
-        },
-        "topics": {"t": {"leader.replication.throttled.replicas": "*"}},
-    },
-    "test config",
-)
+CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
 SETTINGS = StageSettings(CONFIG, EventBounds(), 65_536, shards=4)
 
 
 def payloads(seed: int, count: int) -> list[bytes]:
-    rng = random.Random(seed)
-    makers = [
-        lambda ts: produce(f"u{rng.randrange(4)}", "c", rng.randrange(3000), ts, rng.randrange(2)),
-        lambda ts: fetch(f"u{rng.randrange(4)}", "c", rng.randrange(3000), ts),
-        lambda ts: remote("remote_copy", rng.randrange(2), rng.randrange(5000), ts),
-        lambda ts: replication(
-            1, "leader", "t", rng.randrange(3), 5, rng.random() < 0.5, rng.randrange(2000), ts
-        ),
-    ]
-    out = [
-        json.dumps(rng.choice(makers)(BASE + rng.randrange(20_000))).encode() for _ in range(count)
-    ]
+    out = mixed_payloads(seed, count)
     out.insert(count // 2, b"not json")
     return out
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,15 +21,9 @@ from state.events import parse_events
 from streaming.job import local_spark, start_query
 from streaming.services import LocalService, start_kafka, start_redis
 from streaming.settings import EngineSettings
-from tests.factories import BASE, fetch, produce, remote
+from tests.factories import MIXED_QUOTAS, mixed_payloads
 
-CONFIG = parse_quota_config(
-    {
-        "clients": [{"user": "<default>", "producer_byte_rate": 2000, "consumer_byte_rate": 3000}],
-        "brokers": {"<default>": {"remote.log.manager.copy.max.bytes.per.second": 4000}},
-    },
-    "test config",
-)
+CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
 
 
 @pytest.fixture(scope="module")
@@ -55,34 +48,23 @@ def spark() -> Iterator[SparkSession]:
 def engine_settings(
     kafka: LocalService, redis_server: LocalService, tmp_path: Path, topic: str
 ) -> EngineSettings:
-    return EngineSettings.model_validate(
+    # The events carry fixed timestamps from 2023: no bounds relative to the wall clock.
+    base = EngineSettings.model_validate(
         {
-            "kafka": {
-                "bootstrap_servers": kafka.address,
-                "topics": [topic],
-                "starting_offsets": "earliest",
-                "dead_letter_topic": f"{topic}.dead-letter",
-            },
-            "redis": {
-                "host": redis_server.host,
-                "port": redis_server.port,
-                "key_prefix": topic,
-            },
-            "spark": {"checkpoint": str(tmp_path / "checkpoint"), "shards": 4},
+            "events": {"max_past_ms": None, "max_future_ms": None},
+            "redis": {"key_prefix": topic},
+            "spark": {"shards": 4},
         }
     )
-
-
-def traffic(seed: int, count: int) -> list[bytes]:
-    rng = random.Random(seed)
-    makers = [
-        lambda ts: produce(f"u{rng.randrange(5)}", "c", rng.randrange(3000), ts, rng.randrange(2)),
-        lambda ts: fetch(f"u{rng.randrange(5)}", "c", rng.randrange(3000), ts),
-        lambda ts: remote("remote_copy", rng.randrange(2), rng.randrange(5000), ts),
-    ]
-    return [
-        json.dumps(rng.choice(makers)(BASE + rng.randrange(20_000))).encode() for _ in range(count)
-    ]
+    return base.pointed_at(
+        kafka.address,
+        redis_server.host,
+        redis_server.port,
+        str(tmp_path / "checkpoint"),
+        topics=[topic],
+        starting_offsets="earliest",
+        dead_letter_topic=f"{topic}.dead-letter",
+    )
 
 
 def publish(kafka: LocalService, topic: str, values: list[bytes], partitions: int = 3) -> None:
@@ -120,7 +102,7 @@ def test_events_in_kafka_become_decisions_in_redis(
     spark: SparkSession, kafka: LocalService, redis_server: LocalService, tmp_path: Path
 ) -> None:
     topic = f"events-{uuid.uuid4().hex[:8]}"
-    values = traffic(7, 600)
+    values = mixed_payloads(7, 600, users=5)
     bad = [b"not json", b'{"kind": "produce", "bytes": -1}', b'{"kind": "teleport", "ts": 1}']
     publish(kafka, topic, values[:300] + bad + values[300:])
     settings = engine_settings(kafka, redis_server, tmp_path, topic)
