@@ -55,7 +55,6 @@ class RejectReason(StrEnum):
 
 _INT64_MAX = 2**63 - 1
 Int64 = Annotated[int, Meta(ge=-(2**63), le=_INT64_MAX)]
-NonNegative = Annotated[int, Meta(ge=0, le=_INT64_MAX)]
 Count = Annotated[int, Meta(ge=1, le=_INT64_MAX)]
 BrokerId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
 Partition = Annotated[int, Meta(ge=0, le=2**31 - 1)]

@@ -133,7 +133,6 @@ class LiveTraffic(threading.Thread):
         self._topic = topic
         self._rng = random.Random(seed)
         self._stopping = threading.Event()
-        self.published = 0
 
     def run(self) -> None:
         start_ms = int(time.time() * 1000) // 1000 * 1000
@@ -141,7 +140,6 @@ class LiveTraffic(threading.Thread):
         while not self._stopping.is_set():
             for event in second_of_traffic(second, start_ms, self._rng):
                 self._producer.send(self._topic, json.dumps(event).encode())
-                self.published += 1
             self._producer.flush()
             second += 1
             # Publish each second's events when that second has begun.
