@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -23,12 +22,7 @@ from state.config import load_quota_config
 from state.core import QuotaCore
 from state.events import parse_events
 from streaming.services import LocalService, start_kafka, start_redis
-
-QUOTAS = {
-    "clients": [{"user": "<default>", "producer_byte_rate": 50_000}],
-    "brokers": {"<default>": {"remote.log.manager.copy.max.bytes.per.second": 80_000}},
-}
-BASE = 1_700_000_000_000
+from tests.factories import MIXED_QUOTAS, mixed_payloads
 
 
 @pytest.fixture(scope="module")
@@ -37,37 +31,9 @@ def servers() -> Iterator[tuple[LocalService, LocalService]]:
         yield kafka, redis_server
 
 
-def events(count: int) -> list[bytes]:
-    """All within 5 s of event time, so every byte is still in the final windows."""
-    rng = random.Random(11)
-    out = []
-    for _ in range(count):
-        ts = BASE + rng.randrange(5000)
-        if rng.random() < 0.8:
-            event = {
-                "kind": "produce",
-                "user": f"u{rng.randrange(20)}",
-                "client_id": "c",
-                "broker": rng.randrange(3),
-                "bytes": rng.randrange(1000),
-                "ts": ts,
-            }
-        else:
-            event = {
-                "kind": "remote_copy",
-                "broker": rng.randrange(3),
-                "topic": "t",
-                "partition": 0,
-                "bytes": rng.randrange(10_000),
-                "ts": ts,
-            }
-        out.append(json.dumps(event).encode())
-    return out
-
-
 def engine_file(tmp_path: Path, kafka: LocalService, redis_server: LocalService) -> Path:
     quotas = tmp_path / "quotas.yaml"
-    quotas.write_text(yaml.safe_dump(QUOTAS))
+    quotas.write_text(yaml.safe_dump(MIXED_QUOTAS))
     engine = tmp_path / "engine.yaml"
     engine.write_text(
         yaml.safe_dump(
@@ -115,7 +81,8 @@ def test_kill_minus_nine_mid_stream_then_restart_matches_a_batch_recomputation(
     servers: tuple[LocalService, LocalService], tmp_path: Path
 ) -> None:
     kafka, redis_server = servers
-    values = events(6000)
+    # All within 5 s of event time, so every byte is still in the final windows.
+    values = mixed_payloads(11, 6000, users=20, span_ms=5000)
     admin = KafkaAdminClient(bootstrap_servers=kafka.address)
     admin.create_topics([NewTopic("restart", 3, 1)])
     admin.close()
