@@ -1,0 +1,179 @@
+"""Release timers for throttle decisions: when each pending throttle ends, and why it ended early.
+
+Every decision with a delay registers a timer at its ``until`` in a :class:`TimingWheel`; a newer
+decision for the same key replaces it, and an operator's release cancels it. What a step returns
+tells enforcement points which throttles ended (``notice``):
+
+* ``expired`` -- the timer fired: the throttle is over;
+* ``superseded`` -- a newer decision without a pending delay replaced a pending throttle;
+* ``released`` -- an operator released the key.
+
+A newer decision that is itself a pending throttle replaces the old one silently: readers see the
+new ``until``. A decision already over when it is made (old event time) is marked released at once
+and needs no notice, unless it replaced a pending one.
+
+Keys are opaque strings (the engine uses ``quota:entity``). The payload columns of each decision
+(rate, limit, ...) are kept with its timer, so an expiry can be reported with the decision it ends
+even when the key has no new traffic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+import pyarrow as pa
+
+from state.timing_wheel import TimingWheel
+
+EXPIRED = "expired"
+SUPERSEDED = "superseded"
+RELEASED = "released"
+
+_FORMAT = b"quotastream.throttle_timers.1"
+
+
+class TimersDecodeError(ValueError):
+    """Bytes that are not encoded throttle timers."""
+
+
+@dataclass(frozen=True)
+class TimerStats:
+    pending: int
+    fired: int
+    cancelled: int
+
+
+class ThrottleTimers:
+    """Pending throttles of one state shard, keyed by decision key, in one timing wheel.
+
+    ``pending`` is indexed by key and holds ``handle``, ``until`` and the payload columns.
+    """
+
+    def __init__(self, wheel: TimingWheel, pending: pd.DataFrame | None = None) -> None:
+        self.wheel = wheel
+        self.pending = pending if pending is not None else _empty(["until"])
+
+    @classmethod
+    def empty(cls, tick_ms: int, wheel_size: int, now_ms: int) -> ThrottleTimers:
+        return cls(TimingWheel(tick_ms, wheel_size, now_ms))
+
+    def stats(self) -> TimerStats:
+        return TimerStats(len(self.wheel), self.wheel.fired_total, self.wheel.cancelled_total)
+
+    def next_expiration(self) -> int | None:
+        """When the earliest bucket of pending timers is due (the shard's next wake-up)."""
+        return self.wheel.next_expiration()
+
+    def step(self, now_ms: int, decisions: pd.DataFrame) -> pd.DataFrame:
+        """Fire what is due by ``now_ms``, then register ``decisions``; what changed, by key.
+
+        ``decisions`` is indexed by key (one row each) with ``throttle_ms``, ``until`` and payload
+        columns. The result has every decision plus every expiry of a key without a decision, with
+        ``released_at`` (nullable) and ``notice`` (None, or why a pending throttle ended).
+        """
+        expired = self._expire(now_ms)
+        replaced = self._cancel(decisions.index)
+        throttled = decisions["throttle_ms"].to_numpy() > 0
+        added = self.wheel.add(decisions["until"].to_numpy(dtype=np.int64)[throttled])
+        rows = decisions.copy()
+        released_at = np.full(len(rows), -1, dtype=np.int64)
+        over_at_once = np.flatnonzero(throttled)[added.due]
+        released_at[over_at_once] = self.wheel.now_ms
+        rows["released_at"] = _nullable(released_at)
+        still_pending = np.zeros(len(rows), dtype=np.bool_)
+        still_pending[np.flatnonzero(throttled)[~added.due]] = True
+        notice = np.full(len(rows), None, dtype=object)
+        superseded = rows.index.isin(replaced) & ~still_pending
+        notice[superseded] = SUPERSEDED
+        # A key whose timer fired in this step and that has a new decision reports the new
+        # decision, with the expiry notice so that waiting agents wake up and read it.
+        notice[rows.index.isin(expired.index)] = EXPIRED
+        rows["notice"] = notice
+        new = rows.iloc[np.flatnonzero(still_pending)].copy()
+        new["handle"] = added.handles[~added.due]
+        self.pending = pd.concat([self.pending, new]) if len(self.pending) else new
+        only_expired = expired[~expired.index.isin(rows.index)]
+        if len(only_expired):
+            return pd.concat([rows, only_expired])
+        return rows
+
+    def release(self, keys: pd.Index, now_ms: int) -> pd.DataFrame:
+        """Cancel the pending throttles of ``keys`` (an operator's release); what was released."""
+        present = self.pending.index.isin(keys)
+        released = self.pending[present]
+        self.wheel.cancel(released["handle"].to_numpy(dtype=np.int64))
+        self.pending = self.pending[~present]
+        return self._report(released, np.full(len(released), now_ms, dtype=np.int64), RELEASED)
+
+    # ------------------------------------------------------------------ encoding
+    def encode(self) -> bytes:
+        table = pa.Table.from_pandas(self.pending.rename_axis("key"), preserve_index=True)
+        table = table.replace_schema_metadata({b"format": _FORMAT, b"wheel": self.wheel.encode()})
+        sink = pa.BufferOutputStream()
+        options = pa.ipc.IpcWriteOptions(compression="zstd")
+        with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+            writer.write_table(table)
+        return bytes(sink.getvalue().to_pybytes())
+
+    @classmethod
+    def decode(cls, data: bytes) -> ThrottleTimers:
+        try:
+            table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise TimersDecodeError(f"not encoded throttle timers: {exc}") from None
+        metadata = table.schema.metadata or {}
+        if metadata.get(b"format") != _FORMAT:
+            raise TimersDecodeError(
+                f"unsupported throttle timers format {metadata.get(b'format')!r}"
+            )
+        wheel = TimingWheel.decode(metadata[b"wheel"])
+        pending = table.replace_schema_metadata(None).to_pandas()
+        if "key" in pending.columns:
+            pending = pending.set_index("key")
+        pending.index.name = None
+        return cls(wheel, pending)
+
+    # ------------------------------------------------------------------ internals
+    def _expire(self, now_ms: int) -> pd.DataFrame:
+        fired = self.wheel.advance(now_ms)
+        if not len(fired.handles):
+            return self._report(self.pending.iloc[:0], np.zeros(0, dtype=np.int64), EXPIRED)
+        by_handle = pd.Index(self.pending["handle"].to_numpy(dtype=np.int64))
+        rows = by_handle.get_indexer(pd.Index(fired.handles))
+        done = self.pending.iloc[rows]
+        self.pending = self.pending.drop(index=done.index)
+        return self._report(done, fired.fired_at, EXPIRED)
+
+    def _cancel(self, keys: pd.Index) -> pd.Index:
+        """Cancel the timers of keys that have one; returns those keys."""
+        present = self.pending.index.isin(keys)
+        replaced = self.pending[present]
+        self.wheel.cancel(replaced["handle"].to_numpy(dtype=np.int64))
+        self.pending = self.pending[~present]
+        return replaced.index
+
+    @staticmethod
+    def _report(
+        rows: pd.DataFrame, released_at: npt.NDArray[np.int64], notice: str
+    ) -> pd.DataFrame:
+        report = rows.drop(columns="handle", errors="ignore").copy()
+        report["released_at"] = _nullable(released_at)
+        report["notice"] = notice
+        return report
+
+
+def _nullable(values: npt.NDArray[np.int64]) -> pd.api.extensions.ExtensionArray:
+    """Epoch milliseconds, null where negative."""
+    nullable: pd.api.extensions.ExtensionArray = (
+        pd.Series(values, dtype="Int64").mask(values < 0).array
+    )
+    return nullable
+
+
+def _empty(columns: list[str]) -> pd.DataFrame:
+    frame = pd.DataFrame({name: np.zeros(0, dtype=np.int64) for name in ["handle", *columns]})
+    frame.index = pd.Index([], dtype=object)
+    return frame
