@@ -246,7 +246,11 @@ def stage_costs(
     staged = pa.Table.from_batches(list(usage_batches(iter(batches), stage))).to_pandas()
     timings["stage1_validate_resolve_sum"] = time.perf_counter() - began
     began = time.perf_counter()
-    decided = [update_shard(None, rows, CONFIG)[1] for _, rows in staged.groupby("shard")]
+    now = stage.now_ms()
+    decided = [
+        update_shard(None, rows, stage, int(shard), now).rows
+        for shard, rows in staged.groupby("shard")
+    ]
     timings["stage2_state_update"] = time.perf_counter() - began
     decisions = pa.RecordBatch.from_pandas(
         pd.concat(decided, ignore_index=True), schema=DECISION_SCHEMA, preserve_index=False

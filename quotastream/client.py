@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 import redis
 
+from quotastream.keys import decision_key, release_channel, timers_key
 from state.config import QuotaConfig
 from state.core import QuotaCore
 from state.events import parse_events
@@ -26,11 +27,25 @@ class Decision:
     exceeded: bool
     window_ms: int
     decided_at: int
+    #: When the engine released the throttle (its timer fired, a newer decision or an operator
+    #: ended it); None while it is pending, or when there was none.
+    released_at: int | None = None
 
     def throttle_ms_now(self, now_ms: int | None = None) -> int:
         """How long the entity is still throttled, from now."""
+        if self.released_at is not None:
+            return 0
         now = int(time.time() * 1000) if now_ms is None else now_ms
         return max(self.until - now, 0)
+
+
+@dataclass(frozen=True)
+class TimerCounts:
+    """The engine's throttle timers, summed over the shards that have reported."""
+
+    pending: int
+    fired: int
+    cancelled: int
 
 
 class QuotaClient:
@@ -53,11 +68,42 @@ class QuotaClient:
 
     def lookup(self, quota: str, entity: str) -> Decision | None:
         """The decision for an entity key (``user=alice,client-id=app1,broker=1``), if any."""
-        raw = self._redis.get(f"{self._prefix}:{quota}:{entity}")
+        raw = self._redis.get(decision_key(self._prefix, quota, entity))
         if raw is None:
             return None
         assert isinstance(raw, bytes)
         return Decision(**json.loads(raw))
+
+    def wait_until_released(self, quota: str, entity: str, timeout_s: float) -> Decision | None:
+        """Block until the entity's throttle ends, woken by the engine's release notice.
+
+        Returns the entity's decision then (None if it has none). Returns when ``until`` passes
+        even if no notice came (a notice published while nobody listened is lost), and after
+        ``timeout_s`` at the latest; check ``throttle_ms_now()`` on the result.
+        """
+        deadline = time.monotonic() + timeout_s
+        # redis-py leaves pubsub() unannotated.
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        with pubsub as channel:
+            # Subscribed before reading, so a release between the two is not missed.
+            channel.subscribe(release_channel(self._prefix, quota, entity))
+            decision = self.lookup(quota, entity)
+            while decision is not None and decision.throttle_ms_now() > 0:
+                left = min(deadline - time.monotonic(), decision.throttle_ms_now() / 1000)
+                if left <= 0:
+                    break
+                if channel.get_message(timeout=left) is not None:
+                    decision = self.lookup(quota, entity)
+        return decision
+
+    def timer_counts(self) -> TimerCounts:
+        """Pending, fired and cancelled throttle timers across the engine's shards."""
+        per_shard = cast(dict[bytes, bytes], self._redis.hgetall(timers_key(self._prefix)))
+        totals = {"pending": 0, "fired": 0, "cancelled": 0}
+        for raw in per_shard.values():
+            for name, count in json.loads(raw).items():
+                totals[name] += int(count)
+        return TimerCounts(**totals)
 
     def for_client(self, quota: str, user: str, client_id: str, broker: int) -> Decision | None:
         """The decision that applies to a client, whichever counter its quota level uses."""

@@ -145,7 +145,9 @@ class ThrottleTimers:
         rows = by_handle.get_indexer(pd.Index(fired.handles))
         done = self.pending.iloc[rows]
         self.pending = self.pending.drop(index=done.index)
-        return self._report(done, fired.fired_at, EXPIRED)
+        # Released now, which is up to one step after the rounded expiration.
+        released_at = np.full(len(done), self.wheel.now_ms, dtype=np.int64)
+        return self._report(done, released_at, EXPIRED)
 
     def _cancel(self, keys: pd.Index) -> pd.Index:
         """Cancel the timers of keys that have one; returns those keys."""

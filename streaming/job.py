@@ -29,12 +29,14 @@ from streaming.sinks import WRITE_COUNTS, SinkSettings, write_batches
 from streaming.stages import (
     DECISION_SCHEMA,
     STAGE_SCHEMA,
+    ShardState,
     StageSettings,
     update_shard,
     usage_batches,
 )
 
-STATE_SCHEMA = "state binary"
+STATE_SCHEMA = "tables binary, timers binary"
+_NO_ROWS = pd.DataFrame(columns=STAGE_SCHEMA.names)
 
 
 def local_spark(settings: EngineSettings, app_name: str = "quotastream") -> SparkSession:
@@ -50,8 +52,6 @@ def local_spark(settings: EngineSettings, app_name: str = "quotastream") -> Spar
             "spark.sql.streaming.stateStore.providerClass",
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         )
-        # No timeouts are used yet, so batches without data would only cost time.
-        .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         # Stopping a query whose foreachBatch is running overflowed the default thread stack.
         .config("spark.driver.extraJavaOptions", "-Xss16m")
@@ -88,7 +88,12 @@ def start_query(
         shards=settings.spark.shards,
         max_past_ms=settings.events.max_past_ms,
         max_future_ms=settings.events.max_future_ms,
+        timer_tick_ms=settings.timers.tick_ms,
+        timer_wheel_size=settings.timers.wheel_size,
     )
+    # Shards wake up for their throttle timers in batches without data; a run that stops when
+    # the input is read (available-now) must not wait for timers, so it runs none.
+    spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", str(not available_now).lower())
     staged = reader.load().mapInArrow(
         partial(usage_batches, settings=stage), from_arrow_schema(STAGE_SCHEMA)
     )
@@ -97,7 +102,7 @@ def start_query(
         outputStructType=from_arrow_schema(DECISION_SCHEMA),
         stateStructType=STATE_SCHEMA,
         outputMode="Update",
-        timeoutConf=GroupStateTimeout.NoTimeout,
+        timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
     )
     sink = SinkSettings(
         redis_host=settings.redis.host,
@@ -127,12 +132,19 @@ def start_query(
 def _update_group(
     key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: GroupState, stage: StageSettings
 ) -> Iterator[pd.DataFrame]:
-    rows = pd.concat(list(frames), ignore_index=True)
-    previous = state.get[0] if state.exists else None
-    new_state, decisions = update_shard(previous, rows, stage.config, stage.eviction_horizon())
-    if int(key[0]) >= 0:  # the dead-letter group (-1) keeps no state
-        state.update((new_state,))
-    yield decisions
+    rows = pd.concat(list(frames), ignore_index=True) if not state.hasTimedOut else _NO_ROWS
+    shard = int(key[0])
+    if shard < 0:  # the dead-letter group keeps no state
+        yield rows.reindex(columns=DECISION_SCHEMA.names)
+        return
+    # The batch's time, kept in the checkpoint: a replayed batch fires the same timers.
+    now_ms = int(state.getCurrentProcessingTimeMs())
+    previous = ShardState(*state.get) if state.exists else None
+    update = update_shard(previous, rows, stage, shard, now_ms)
+    state.update((update.state.tables, update.state.timers))
+    if update.wake_at_ms is not None:
+        state.setTimeoutDuration(max(update.wake_at_ms - now_ms, 1))
+    yield update.rows
 
 
 def _write_batch(batch: DataFrame, batch_id: int, sink: SinkSettings) -> None:

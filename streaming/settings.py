@@ -73,6 +73,15 @@ class SparkSettings(BaseModel):
     shuffle_partitions: Annotated[int, Field(ge=1)] = 2
 
 
+class TimerSettings(BaseModel):
+    """Each shard's timing wheel for throttle releases (Kafka's purgatory defaults)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tick_ms: Annotated[int, Field(ge=1, le=60_000)] = 1
+    wheel_size: Annotated[int, Field(ge=2, le=4096)] = 20
+
+
 class EngineSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="QUOTASTREAM_", env_nested_delimiter="__", extra="forbid", frozen=True
@@ -83,6 +92,7 @@ class EngineSettings(BaseSettings):
     kafka: KafkaSettings = KafkaSettings()
     redis: RedisSettings = RedisSettings()
     spark: SparkSettings = SparkSettings()
+    timers: TimerSettings = TimerSettings()
 
     def pointed_at(
         self,

@@ -19,8 +19,9 @@ import pyarrow as pa
 import redis
 from kafka import KafkaProducer
 
+from quotastream.keys import decision_key, release_channel, timers_key
 from state.events import dead_letter_record
-from streaming.stages import REJECT, USAGE
+from streaming.stages import REJECT, TIMERS, USAGE
 
 WRITE_COUNTS = pa.schema([("decisions", pa.int64()), ("rejects", pa.int64())])
 
@@ -39,10 +40,6 @@ class SinkSettings:
     redis_ssl: bool = False
 
 
-def decision_key(prefix: str, quota: str, entity: str) -> str:
-    return f"{prefix}:{quota}:{entity}"
-
-
 def decision_value(row: dict[str, Any]) -> dict[str, Any]:
     """What an enforcement point reads for one (quota, entity)."""
     limit = row["limit"]
@@ -50,12 +47,24 @@ def decision_value(row: dict[str, Any]) -> dict[str, Any]:
         "quota": row["quota"],
         "entity": row["entity"],
         "throttle_ms": int(row["throttle_ms"]),
-        "until": int(row["ts"]) + int(row["throttle_ms"]),
+        "until": int(row["until"]),
         "rate": float(row["rate"]),
         "limit": None if limit is None or math.isnan(limit) else float(limit),
         "exceeded": bool(row["exceeded"]),
         "window_ms": int(row["window_ms"]),
         "decided_at": int(row["ts"]),
+        "released_at": None if row["released_at"] is None else int(row["released_at"]),
+    }
+
+
+def release_notice(row: dict[str, Any]) -> dict[str, Any]:
+    """What subscribers of :func:`release_channel` receive."""
+    return {
+        "quota": row["quota"],
+        "entity": row["entity"],
+        "reason": row["notice"],
+        "released_at": row["released_at"],
+        "until": int(row["until"]),
     }
 
 
@@ -70,13 +79,20 @@ def write_batches(
         now = int(time.time() * 1000)
         pipeline = client.pipeline(transaction=False)
         decisions = rejects = 0
+        prefix = settings.key_prefix
         for row in rows:
             if row["row_type"] == USAGE:
                 value = decision_value(row)
                 expire_at = max(value["until"], now + settings.keep_ms)
-                key = decision_key(settings.key_prefix, row["quota"], row["entity"])
-                pipeline.set(key, json.dumps(value, separators=(",", ":")), pxat=expire_at)
+                key = decision_key(prefix, row["quota"], row["entity"])
+                pipeline.set(key, _json(value), pxat=expire_at)
+                if row["notice"] is not None:
+                    channel = release_channel(prefix, row["quota"], row["entity"])
+                    pipeline.publish(channel, _json(release_notice(row)))
                 decisions += 1
+            elif row["row_type"] == TIMERS:
+                counts = {name: row[f"timers_{name}"] for name in ("pending", "fired", "cancelled")}
+                pipeline.hset(timers_key(prefix), str(row["shard"]), _json(counts))
             elif row["row_type"] == REJECT:
                 producer = producer or _producer(settings)
                 producer.send(settings.dead_letter_topic, _dead_letter(row))
@@ -87,6 +103,10 @@ def write_batches(
         yield pa.RecordBatch.from_pylist(
             [{"decisions": decisions, "rejects": rejects}], schema=WRITE_COUNTS
         )
+
+
+def _json(value: dict[str, Any]) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 def _dead_letter(row: dict[str, Any]) -> bytes:

@@ -5,8 +5,10 @@
    exact: after a batch, windows and decisions depend only on the events, not on their order
    (``tests/test_rolling.py``). Rejected events pass through with their reason.
 2. :func:`update_shard` (``applyInPandasWithState``, one group per shard): records a shard's usage
-   in its :class:`~state.core.QuotaCore` and emits each touched entity's latest decision. The
-   whole shard state is one binary value.
+   in its :class:`~state.core.QuotaCore`, emits each touched entity's latest decision, and keeps
+   every pending throttle's release in the shard's timing wheel
+   (:class:`~state.throttle_timers.ThrottleTimers`), which also wakes the shard when no events
+   come. The shard state is two binary values: tables and timers.
 
 Spark charges about a millisecond per state group and micro-batch, so a group is a shard of
 many entities, not one entity.
@@ -27,6 +29,7 @@ from state.config import QuotaConfig
 from state.core import QuotaCore
 from state.events import EventBounds, parse_events
 from state.quota_types import QuotaType
+from state.throttle_timers import ThrottleTimers
 
 USAGE = "usage"
 REJECT = "reject"
@@ -73,12 +76,15 @@ class StageSettings:
     max_past_ms: int | None = None
     max_future_ms: int | None = None
     clock: Callable[[], float] = time.time
+    #: The throttle timers' wheel (Kafka's defaults).
+    timer_tick_ms: int = 1
+    timer_wheel_size: int = 20
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
 
-    def eviction_horizon(self) -> int | None:
-        return None if self.max_past_ms is None else self.now_ms() - self.max_past_ms
+    def eviction_horizon(self, now_ms: int) -> int | None:
+        return None if self.max_past_ms is None else now_ms - self.max_past_ms
 
 
 def shard_of(entities: pd.Series, shards: int) -> npt.NDArray[np.int32]:
@@ -159,7 +165,8 @@ def _rejects(batch: pa.RecordBatch, rejected: pd.DataFrame) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=STAGE_SCHEMA)
 
 
-#: What the stateful stage emits: each touched entity's latest decision, and rejects.
+#: What the stateful stage emits: each touched entity's latest decision (or the release of its
+#: throttle), each touched shard's timer counts, and rejects.
 DECISION_SCHEMA = pa.schema(
     [
         ("row_type", pa.string()),
@@ -169,8 +176,15 @@ DECISION_SCHEMA = pa.schema(
         ("rate", pa.float64()),
         ("limit", pa.float64()),
         ("throttle_ms", pa.int64()),
+        ("until", pa.int64()),
         ("exceeded", pa.bool_()),
         ("window_ms", pa.int64()),
+        ("released_at", pa.int64()),  # null while a throttle is pending
+        ("notice", pa.string()),  # why a pending throttle ended in this batch
+        ("shard", pa.int32()),  # timers rows
+        ("timers_pending", pa.int64()),
+        ("timers_fired", pa.int64()),
+        ("timers_cancelled", pa.int64()),
         ("topic", pa.string()),
         ("partition", pa.int32()),
         ("offset", pa.int64()),
@@ -179,47 +193,112 @@ DECISION_SCHEMA = pa.schema(
         ("detail", pa.string()),
     ]
 )
+TIMERS = "timers"
+_DECISION_FIELDS = [
+    "quota",
+    "entity",
+    "ts",
+    "rate",
+    "limit",
+    "throttle_ms",
+    "until",
+    "exceeded",
+    "window_ms",
+]
+
+
+@dataclass(frozen=True)
+class ShardState:
+    """One shard's state value: its rolling tables and its pending throttle timers."""
+
+    tables: bytes
+    timers: bytes
+
+
+@dataclass(frozen=True)
+class ShardUpdate:
+    state: ShardState
+    rows: pd.DataFrame  # DECISION_SCHEMA
+    #: When the shard's earliest pending timer bucket is due (None: no timers).
+    wake_at_ms: int | None
 
 
 def update_shard(
-    state: bytes | None, rows: pd.DataFrame, config: QuotaConfig, horizon_ms: int | None = None
-) -> tuple[bytes, pd.DataFrame]:
-    """Stage 2 for one shard: returns the new state and the decisions to emit.
+    state: ShardState | None,
+    rows: pd.DataFrame,
+    settings: StageSettings,
+    shard: int,
+    now_ms: int,
+) -> ShardUpdate:
+    """Stage 2 for one shard at the micro-batch time ``now_ms``.
 
-    Entities whose windows are empty at ``horizon_ms`` (the oldest event time still accepted)
-    are dropped from the state afterwards.
+    Fires the throttle timers due by ``now_ms``, records the shard's usage, registers the new
+    decisions' timers, and drops entities whose windows are empty at the eviction horizon. Spark
+    keeps ``now_ms`` with the batch, so a replayed batch repeats the same releases.
     """
-    rejects = rows[rows["row_type"] == REJECT]
-    usage = rows[rows["row_type"] == USAGE].sort_values("ts", kind="stable")
-    core = QuotaCore(config) if state is None else QuotaCore.restore(config, state)
-    decisions = pd.DataFrame(columns=DECISION_SCHEMA.names)
-    if len(usage):
-        resolved = pd.DataFrame(
-            {
-                "position": np.arange(len(usage)),
-                "ts": usage["ts"].to_numpy(),
-                "kind": usage["quota"].map(_KIND_OF_QUOTA).to_numpy(),
-                "quota": usage["quota"].to_numpy(),
-                "entity": usage["entity"].to_numpy(),
-                "limit": usage["limit"].to_numpy(),
-                "level": usage["level"].to_numpy(),
-                "counted_bytes": usage["counted_bytes"].to_numpy(),
-                "throttled": np.zeros(len(usage), dtype=np.bool_),
-                "in_sync": np.zeros(len(usage), dtype=np.bool_),
-            }
-        )
-        decided = core.record(resolved)
-        latest = decided.assign(
-            quota=decided["quota"].astype(str), entity=decided["entity"].astype(str)
-        ).drop_duplicates(["quota", "entity"], keep="last")
-        decisions = latest.assign(row_type=USAGE, limit=latest["limit"])
-    out = pd.concat(
-        [frame for frame in (decisions, rejects) if len(frame)] or [decisions],
-        ignore_index=True,
+    if state is None:
+        core = QuotaCore(settings.config)
+        timers = ThrottleTimers.empty(settings.timer_tick_ms, settings.timer_wheel_size, now_ms)
+    else:
+        core = QuotaCore.restore(settings.config, state.tables)
+        timers = ThrottleTimers.decode(state.timers)
+    decisions = _record(core, rows[rows["row_type"] == USAGE])
+    changed = timers.step(now_ms, decisions.set_index(_timer_keys(decisions)))
+    stats = timers.stats()
+    counts = pd.DataFrame(
+        {
+            "row_type": [TIMERS],
+            "shard": [shard],
+            "timers_pending": [stats.pending],
+            "timers_fired": [stats.fired],
+            "timers_cancelled": [stats.cancelled],
+        }
     )
+    parts = [changed.reset_index(drop=True).assign(row_type=USAGE), counts]
+    parts += [rows[rows["row_type"] == REJECT]]
+    out = pd.concat([part for part in parts if len(part)], ignore_index=True)
     for field in DECISION_SCHEMA.names:
         if field not in out:
             out[field] = None
-    if horizon_ms is not None:
-        core.evict_idle(horizon_ms)
-    return core.encode_state(), out[DECISION_SCHEMA.names]
+    horizon = settings.eviction_horizon(now_ms)
+    if horizon is not None:
+        core.evict_idle(horizon)
+    return ShardUpdate(
+        ShardState(core.encode_state(), timers.encode()),
+        out[DECISION_SCHEMA.names],
+        timers.next_expiration(),
+    )
+
+
+def _record(core: QuotaCore, usage: pd.DataFrame) -> pd.DataFrame:
+    """Each touched entity's latest decision after recording ``usage``."""
+    if not len(usage):
+        empty = {"quota": object, "entity": object, "rate": float, "limit": float, "exceeded": bool}
+        return pd.DataFrame(
+            {name: pd.Series(dtype=empty.get(name, np.int64)) for name in _DECISION_FIELDS}
+        )
+    usage = usage.sort_values("ts", kind="stable")
+    resolved = pd.DataFrame(
+        {
+            "position": np.arange(len(usage)),
+            "ts": usage["ts"].to_numpy(dtype=np.int64),
+            "kind": usage["quota"].map(_KIND_OF_QUOTA).to_numpy(),
+            "quota": usage["quota"].to_numpy(),
+            "entity": usage["entity"].to_numpy(),
+            "limit": usage["limit"].to_numpy(dtype=np.float64),
+            "level": usage["level"].to_numpy(),
+            "counted_bytes": usage["counted_bytes"].to_numpy(dtype=np.int64),
+            "throttled": np.zeros(len(usage), dtype=np.bool_),
+            "in_sync": np.zeros(len(usage), dtype=np.bool_),
+        }
+    )
+    decided = core.record(resolved)
+    latest = decided.assign(
+        quota=decided["quota"].astype(str), entity=decided["entity"].astype(str)
+    ).drop_duplicates(["quota", "entity"], keep="last")
+    latest = latest.assign(until=latest["ts"] + latest["throttle_ms"])
+    return latest[_DECISION_FIELDS].reset_index(drop=True)
+
+
+def _timer_keys(decisions: pd.DataFrame) -> pd.Index:
+    return pd.Index((decisions["quota"] + ":" + decisions["entity"]).to_numpy(dtype=object))

@@ -17,11 +17,20 @@ from state.core import QuotaCore
 from state.events import EventBounds, parse_events
 from state.quota_types import QuotaType
 from streaming.kafka_source import ARROW_SCHEMA
-from streaming.stages import REJECT, USAGE, StageSettings, update_shard, usage_batches
+from streaming.stages import (
+    REJECT,
+    TIMERS,
+    USAGE,
+    ShardState,
+    StageSettings,
+    update_shard,
+    usage_batches,
+)
 from tests.factories import BASE, MIXED_QUOTAS, mixed_payloads, produce
 
 CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
 SETTINGS = StageSettings(CONFIG, EventBounds(), 65_536, shards=4)
+NOW = BASE + 3_600_000  # the batch time: after every event, so throttles are over
 
 
 def payloads(seed: int, count: int) -> list[bytes]:
@@ -45,18 +54,20 @@ def kafka_batch(values: list[bytes], first_offset: int = 0) -> pa.RecordBatch:
     )
 
 
-def run_stages(micro_batches: list[list[bytes]]) -> tuple[pd.DataFrame, dict[int, bytes]]:
+def run_stages(micro_batches: list[list[bytes]]) -> tuple[pd.DataFrame, dict[int, ShardState]]:
     """Both stages over successive micro-batches, as Spark would run them per shard."""
-    states: dict[int, bytes] = {}
+    states: dict[int, ShardState] = {}
     latest: dict[tuple[str, str], dict[Hashable, object]] = {}
     rejects = []
     for values in micro_batches:
         staged = pa.Table.from_batches(list(usage_batches(iter([kafka_batch(values)]), SETTINGS)))
         rows = staged.to_pandas()
         for shard, group in rows.groupby("shard"):
-            state, out = update_shard(states.get(int(shard)), group, CONFIG)
-            states[int(shard)] = state
-            for record in out.to_dict(orient="records"):
+            update = update_shard(states.get(int(shard)), group, SETTINGS, int(shard), NOW)
+            states[int(shard)] = update.state
+            for record in update.rows.to_dict(orient="records"):
+                if record["row_type"] == TIMERS:
+                    continue
                 if record["row_type"] == USAGE:
                     latest[(record["quota"], record["entity"])] = record
                 else:
@@ -111,13 +122,14 @@ def test_idle_entities_leave_the_state_and_late_events_for_them_are_rejected() -
         clock=lambda: clock[0],
     )
 
-    def step(values: list[bytes], state: bytes | None) -> tuple[bytes, pd.DataFrame]:
+    def step(values: list[bytes], state: ShardState | None) -> tuple[ShardState, pd.DataFrame]:
         rows = pa.Table.from_batches(list(usage_batches(iter([kafka_batch(values)]), stage)))
-        return update_shard(state, rows.to_pandas(), CONFIG, stage.eviction_horizon())
+        update = update_shard(state, rows.to_pandas(), stage, 0, stage.now_ms())
+        return update.state, update.rows
 
     first = [json.dumps(produce(f"u{i}", "c", 1000, BASE)).encode() for i in range(4)]
     state, _ = step(first, None)
-    assert len(QuotaCore.restore(CONFIG, state).tables[QuotaType.PRODUCE]) == 4
+    assert len(QuotaCore.restore(CONFIG, state.tables).tables[QuotaType.PRODUCE]) == 4
 
     clock[0] += 2 * 3600  # two hours later only u0 is active
     later = BASE + 2 * 3600 * 1000
@@ -128,7 +140,7 @@ def test_idle_entities_leave_the_state_and_late_events_for_them_are_rejected() -
         ],  # too old now: rejected
         state,
     )
-    table = QuotaCore.restore(CONFIG, state).tables[QuotaType.PRODUCE]
+    table = QuotaCore.restore(CONFIG, state.tables).tables[QuotaType.PRODUCE]
     assert list(table.keys) == ["user=u0,broker=1"]
     assert out.loc[out["row_type"] == REJECT, "reason"].tolist() == ["ts_out_of_bounds"]
     assert out.loc[out["row_type"] == USAGE, "rate"].tolist() == [pytest.approx(500 / 10.0)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,13 +16,14 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from pyspark.sql import SparkSession
 
 from quotastream import QuotaClient
+from quotastream.keys import release_channel, timers_key
 from state.config import parse_quota_config
 from state.core import QuotaCore
 from state.events import parse_events
 from streaming.job import local_spark, start_query
 from streaming.services import LocalService, start_kafka, start_redis
 from streaming.settings import EngineSettings
-from tests.factories import MIXED_QUOTAS, mixed_payloads
+from tests.factories import MIXED_QUOTAS, mixed_payloads, produce
 
 CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
 
@@ -115,6 +117,8 @@ def test_events_in_kafka_become_decisions_in_redis(
     expected = final_decisions(values)
     stored: dict[str, dict[str, Any]] = {}
     for key in client.scan_iter(f"{topic}:*"):
+        if key.decode() == timers_key(topic):
+            continue
         value = client.get(key)
         assert isinstance(value, bytes)
         stored[key.decode()] = json.loads(value)
@@ -126,6 +130,10 @@ def test_events_in_kafka_become_decisions_in_redis(
         assert got["exceeded"] == want["exceeded"]
         assert got["until"] == int(want["ts"]) + int(want["throttle_ms"])
     assert any(value["exceeded"] for value in stored.values())
+    # The events are from 2023: every throttle was over when decided, so none is pending.
+    throttled = [value for value in stored.values() if value["throttle_ms"] > 0]
+    assert throttled
+    assert all(value["released_at"] is not None for value in throttled)
     # What an enforcement point sees, through the lookup client.
     agent = QuotaClient.connect(redis_server.host, redis_server.port, prefix=topic, config=CONFIG)
     user = next(e for q, e in expected if q == "produce").split(",")[0].removeprefix("user=")
@@ -134,6 +142,9 @@ def test_events_in_kafka_become_decisions_in_redis(
     want = expected[("produce", f"user={user},broker={broker}")]
     assert decision is not None
     assert (decision.throttle_ms, decision.exceeded) == (want["throttle_ms"], want["exceeded"])
+    counts = agent.timer_counts()
+    assert counts.pending == 0
+    assert counts.fired >= len(throttled)
 
     rejected = dead_letters(kafka, f"{topic}.dead-letter")
     assert sorted(r["reason"] for r in rejected) == [
@@ -143,3 +154,62 @@ def test_events_in_kafka_become_decisions_in_redis(
     ]
     assert {r["payload"] for r in rejected} == {b.decode() for b in bad}
     assert all(r["source"]["topic"] == topic for r in rejected)
+
+
+def test_a_silent_throttled_client_is_released_on_time(
+    spark: SparkSession, kafka: LocalService, redis_server: LocalService, tmp_path: Path
+) -> None:
+    topic = f"silent-{uuid.uuid4().hex[:8]}"
+    publish(kafka, topic, [])
+    config = parse_quota_config(
+        {"clients": [{"user": "alice", "producer_byte_rate": 1000}]}, "test config"
+    )
+    settings = engine_settings(kafka, redis_server, tmp_path, topic)
+    agent = QuotaClient.connect(redis_server.host, redis_server.port, prefix=topic, config=config)
+    entity = agent.entity_of_client("produce", user="alice", client_id="app", broker=1)
+    listener = redis.Redis(host=redis_server.host, port=redis_server.port).pubsub(
+        ignore_subscribe_messages=True
+    )
+    listener.subscribe(release_channel(topic, "produce", entity))
+
+    query = start_query(spark, settings, config)  # runs until stopped: timers can fire
+    producer = KafkaProducer(bootstrap_servers=kafka.address)
+    try:
+        # A first micro-batch warms Spark's workers up, so that the throttle below is decided
+        # while it is still pending.
+        warm_up = produce("bob", "app", 1, int(time.time() * 1000))
+        producer.send(topic, json.dumps(warm_up).encode()).get(timeout=30)
+        deadline = time.monotonic() + 120
+        while not any(p["numInputRows"] for p in query.recentProgress) and query.isActive:
+            assert time.monotonic() < deadline, "the warm-up event was not processed in 120 s"
+            query.awaitTermination(1)
+        # One burst of 18 kB against 1 kB/s: throttled for about 7.6 s, then silence.
+        event = produce("alice", "app", 18_000, int(time.time() * 1000))
+        producer.send(topic, json.dumps(event).encode()).get(timeout=30)
+        notice = None
+        while notice is None and time.monotonic() < deadline and query.isActive:
+            notice = listener.get_message(timeout=1.0)
+        heard_at = int(time.time() * 1000)
+        assert notice is not None, query.exception() or "no release notice within 120 s"
+    finally:
+        producer.close()
+        query.stop()
+        listener.close()
+
+    released = json.loads(notice["data"])
+    decision = agent.lookup("produce", entity)
+    assert decision is not None
+    assert decision.until == event["ts"] + decision.throttle_ms
+    assert decision.throttle_ms > 5000  # still pending when the engine decided it
+    assert (released["reason"], released["until"]) == ("expired", decision.until)
+    assert decision.released_at == released["released_at"]
+    assert decision.throttle_ms_now() == 0
+    tick, trigger = settings.timers.tick_ms, settings.spark.trigger_ms
+    # Released by the first micro-batch at or after the rounded expiration, with no new events.
+    assert decision.released_at is not None
+    lateness = decision.released_at - decision.until
+    assert -tick < lateness <= trigger + tick
+    assert sum(p["numInputRows"] for p in query.recentProgress) == 2  # no event after the burst
+    counts = agent.timer_counts()
+    assert (counts.pending, counts.fired, counts.cancelled) == (0, 1, 0)
+    print(f"release {lateness} ms after until; notice heard {heard_at - decision.until} ms after")

@@ -1,0 +1,18 @@
+"""Names in Redis that the engine writes and agents read (``docs/redis.md``)."""
+
+from __future__ import annotations
+
+
+def decision_key(prefix: str, quota: str, entity: str) -> str:
+    """The key holding an entity's latest decision."""
+    return f"{prefix}:{quota}:{entity}"
+
+
+def release_channel(prefix: str, quota: str, entity: str) -> str:
+    """The pub/sub channel where the end of an entity's throttle is announced."""
+    return f"{prefix}:released:{quota}:{entity}"
+
+
+def timers_key(prefix: str) -> str:
+    """The hash of per-shard timer counts."""
+    return f"{prefix}:timers"
