@@ -167,9 +167,8 @@ def test_a_silent_throttled_client_is_released_on_time(
     settings = engine_settings(kafka, redis_server, tmp_path, topic)
     agent = QuotaClient.connect(redis_server.host, redis_server.port, prefix=topic, config=config)
     entity = agent.entity_of_client("produce", user="alice", client_id="app", broker=1)
-    listener = redis.Redis(host=redis_server.host, port=redis_server.port).pubsub(
-        ignore_subscribe_messages=True
-    )
+    subscriber = redis.Redis(host=redis_server.host, port=redis_server.port)
+    listener = subscriber.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
     listener.subscribe(release_channel(topic, "produce", entity))
 
     query = start_query(spark, settings, config)  # runs until stopped: timers can fire
