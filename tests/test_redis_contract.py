@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from collections.abc import Iterator
 
@@ -9,11 +11,12 @@ import pyarrow as pa
 import pytest
 import redis
 
-from quotastream import QuotaClient
+from quotastream import Decision, QuotaClient, TimerCounts
+from quotastream.keys import release_channel
 from state.config import parse_quota_config
 from streaming.services import LocalService, start_redis
 from streaming.sinks import SinkSettings, write_batches
-from streaming.stages import DECISION_SCHEMA, USAGE
+from streaming.stages import DECISION_SCHEMA, TIMERS, USAGE
 
 CONFIG = parse_quota_config(
     {"clients": [{"user": "alice", "producer_byte_rate": 100}]}, "contract config"
@@ -92,3 +95,60 @@ def test_resolving_a_client_needs_the_config(server: LocalService) -> None:
     client = QuotaClient.connect(server.host, server.port)
     with pytest.raises(ValueError, match="needs the quota config"):
         client.for_client("produce", user="alice", client_id="x", broker=1)
+
+
+def test_a_release_is_published_and_wakes_a_waiting_agent(server: LocalService) -> None:
+    now = int(time.time() * 1000)
+    entity = "user=waiter,broker=1"
+    write(server, [decision_row(entity, now, 60_000)])
+    client = QuotaClient.connect(server.host, server.port, prefix="qs")
+    woken: list[Decision | None] = []
+    waiter = threading.Thread(
+        target=lambda: woken.append(client.wait_until_released("produce", entity, 30.0))
+    )
+    subscriber = redis.Redis(host=server.host, port=server.port)
+    listener = subscriber.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    listener.subscribe(release_channel("qs", "produce", entity))
+    began = time.monotonic()
+    waiter.start()
+    # The waiter is blocked on a 60 s throttle until the release below.
+    released = decision_row(entity, now, 60_000) | {"released_at": now + 5, "notice": "released"}
+    write(server, [released])
+    waiter.join(timeout=30)
+    assert not waiter.is_alive()
+    assert time.monotonic() - began < 10  # woken by the notice, not by the 60 s throttle ending
+    assert woken[0] is not None
+    assert woken[0].released_at == now + 5
+    assert woken[0].throttle_ms_now() == 0
+    # The first read may only consume the subscription's confirmation.
+    message = listener.get_message(timeout=5) or listener.get_message(timeout=5)
+    assert message is not None
+    assert json.loads(message["data"]) == {
+        "quota": "produce",
+        "entity": entity,
+        "reason": "released",
+        "released_at": now + 5,
+        "until": now + 60_000,
+    }
+    listener.close()
+
+
+def test_timer_counts_sum_over_shards(server: LocalService) -> None:
+    def counts(shard: int, pending: int, fired: int, cancelled: int) -> dict[str, object]:
+        row = dict.fromkeys(DECISION_SCHEMA.names)
+        return row | {
+            "row_type": TIMERS,
+            "shard": shard,
+            "timers_pending": pending,
+            "timers_fired": fired,
+            "timers_cancelled": cancelled,
+        }
+
+    settings = SinkSettings(server.host, server.port, key_prefix="timers-test")
+    rows = [counts(0, 3, 10, 1), counts(1, 2, 5, 0)]
+    batch = pa.RecordBatch.from_pylist(rows, schema=DECISION_SCHEMA)
+    list(write_batches(iter([batch]), settings))
+    later = pa.RecordBatch.from_pylist([counts(1, 0, 7, 0)], schema=DECISION_SCHEMA)
+    list(write_batches(iter([later]), settings))  # a shard's latest counts replace its earlier
+    client = QuotaClient.connect(server.host, server.port, prefix="timers-test")
+    assert client.timer_counts() == TimerCounts(pending=3, fired=17, cancelled=1)
