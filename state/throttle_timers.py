@@ -92,7 +92,7 @@ class ThrottleTimers:
         # decision, with the expiry notice so that waiting agents wake up and read it.
         notice[rows.index.isin(expired.index)] = EXPIRED
         rows["notice"] = notice
-        new = rows.iloc[np.flatnonzero(still_pending)].copy()
+        new = rows.iloc[np.flatnonzero(still_pending)].drop(columns=["released_at", "notice"])
         new["handle"] = added.handles[~added.due]
         self.pending = pd.concat([self.pending, new]) if len(self.pending) else new
         only_expired = expired[~expired.index.isin(rows.index)]
