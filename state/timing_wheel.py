@@ -39,6 +39,11 @@ _NOT_QUEUED = -1
 _FORMAT = "quotastream.timing_wheel.1"
 
 
+#: Kafka's purgatory defaults.
+KAFKA_TICK_MS = 1
+KAFKA_WHEEL_SIZE = 20
+
+
 class WheelDecodeError(ValueError):
     """Bytes that are not an encoded timing wheel."""
 
@@ -65,7 +70,9 @@ class Fired:
 class TimingWheel:
     """Pending timers of one owner (e.g. one state shard); times are epoch milliseconds."""
 
-    def __init__(self, tick_ms: int = 1, wheel_size: int = 20, start_ms: int = 0) -> None:
+    def __init__(
+        self, tick_ms: int = KAFKA_TICK_MS, wheel_size: int = KAFKA_WHEEL_SIZE, start_ms: int = 0
+    ) -> None:
         if tick_ms < 1:
             raise ValueError(f"tick_ms must be at least 1, got {tick_ms}")
         if wheel_size < 2:
@@ -318,12 +325,9 @@ class TimingWheel:
     def _insert(self, slots: Int64Array, buckets: Int64Array, expirations: Int64Array) -> None:
         if not len(slots):
             return
-        order = np.argsort(buckets, kind="stable")
+        order, runs = _runs_by_bucket(buckets)
         slots, buckets, expirations = slots[order], buckets[order], expirations[order]
-        starts = np.flatnonzero(np.diff(buckets, prepend=-1))
-        ends = np.append(starts[1:], len(slots))
-        for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-            bucket = int(buckets[start])
+        for bucket, start, end in runs:
             size = int(self._size[bucket])
             members = self._members[bucket]
             if size + end - start > len(members):
@@ -346,12 +350,9 @@ class TimingWheel:
             return
         buckets = self._bucket[slots]
         self._bucket[slots] = _FREE  # marks them, so the loop below can tell them apart
-        order = np.argsort(buckets, kind="stable")
-        slots, buckets = slots[order], buckets[order]
-        starts = np.flatnonzero(np.diff(buckets, prepend=-1))
-        ends = np.append(starts[1:], len(slots))
-        for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-            bucket = int(buckets[start])
+        order, runs = _runs_by_bucket(buckets)
+        slots = slots[order]
+        for bucket, start, end in runs:
             size = int(self._size[bucket])
             kept = size - (end - start)
             members = self._members[bucket]
@@ -364,3 +365,13 @@ class TimingWheel:
             self._size[bucket] = kept
             if kept == 0:
                 self._bucket_expiration[bucket] = _NOT_QUEUED  # its queue entry goes stale
+
+
+def _runs_by_bucket(buckets: Int64Array) -> tuple[Int64Array, list[tuple[int, int, int]]]:
+    """An order that groups timers by bucket, and each group as (bucket, start, end) in it."""
+    order = np.argsort(buckets, kind="stable")
+    ordered = buckets[order]
+    starts = np.flatnonzero(np.diff(ordered, prepend=-1))
+    ends = np.append(starts[1:], len(ordered))
+    runs = zip(ordered[starts].tolist(), starts.tolist(), ends.tolist(), strict=True)
+    return order, list(runs)

@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from state.configfile import ConfigError, describe_validation_error, read_yaml_mapping
 from state.events import EventBounds
+from state.timing_wheel import KAFKA_TICK_MS, KAFKA_WHEEL_SIZE
 
 Millis = Annotated[int, Field(ge=0)]
 
@@ -78,8 +79,8 @@ class TimerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tick_ms: Annotated[int, Field(ge=1, le=60_000)] = 1
-    wheel_size: Annotated[int, Field(ge=2, le=4096)] = 20
+    tick_ms: Annotated[int, Field(ge=1, le=60_000)] = KAFKA_TICK_MS
+    wheel_size: Annotated[int, Field(ge=2, le=4096)] = KAFKA_WHEEL_SIZE
 
 
 class EngineSettings(BaseSettings):

@@ -30,6 +30,7 @@ from state.core import QuotaCore
 from state.events import EventBounds, parse_events
 from state.quota_types import QuotaType
 from state.throttle_timers import ThrottleTimers
+from state.timing_wheel import KAFKA_TICK_MS, KAFKA_WHEEL_SIZE
 
 USAGE = "usage"
 REJECT = "reject"
@@ -76,9 +77,9 @@ class StageSettings:
     max_past_ms: int | None = None
     max_future_ms: int | None = None
     clock: Callable[[], float] = time.time
-    #: The throttle timers' wheel (Kafka's defaults).
-    timer_tick_ms: int = 1
-    timer_wheel_size: int = 20
+    #: The throttle timers' wheel.
+    timer_tick_ms: int = KAFKA_TICK_MS
+    timer_wheel_size: int = KAFKA_WHEEL_SIZE
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
