@@ -6,6 +6,7 @@ decision = client.for_client("produce", user="alice", client_id="app1", broker=1
 if decision and decision.throttle_ms_now() > 0: ...
 """
 
-from quotastream.client import Decision, QuotaClient, TimerCounts
+from quotastream.client import Decision, QuotaClient
+from state.throttle_timers import TimerStats
 
-__all__ = ["Decision", "QuotaClient", "TimerCounts"]
+__all__ = ["Decision", "QuotaClient", "TimerStats"]

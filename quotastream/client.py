@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, cast
 
 import pandas as pd
@@ -14,6 +14,7 @@ from quotastream.keys import decision_key, release_channel, timers_key
 from state.config import QuotaConfig
 from state.core import QuotaCore
 from state.events import parse_events
+from state.throttle_timers import TimerStats
 
 
 @dataclass(frozen=True)
@@ -37,15 +38,6 @@ class Decision:
             return 0
         now = int(time.time() * 1000) if now_ms is None else now_ms
         return max(self.until - now, 0)
-
-
-@dataclass(frozen=True)
-class TimerCounts:
-    """The engine's throttle timers, summed over the shards that have reported."""
-
-    pending: int
-    fired: int
-    cancelled: int
 
 
 class QuotaClient:
@@ -96,14 +88,13 @@ class QuotaClient:
                     decision = self.lookup(quota, entity)
         return decision
 
-    def timer_counts(self) -> TimerCounts:
-        """Pending, fired and cancelled throttle timers across the engine's shards."""
+    def timer_counts(self) -> TimerStats:
+        """Throttle timers summed over the engine's shards (as each last reported)."""
         per_shard = cast(dict[bytes, bytes], self._redis.hgetall(timers_key(self._prefix)))
-        totals = {"pending": 0, "fired": 0, "cancelled": 0}
-        for raw in per_shard.values():
-            for name, count in json.loads(raw).items():
-                totals[name] += int(count)
-        return TimerCounts(**totals)
+        reports = [json.loads(raw) for raw in per_shard.values()]
+        return TimerStats(
+            **{f.name: sum(int(r[f.name]) for r in reports) for f in fields(TimerStats)}
+        )
 
     def for_client(self, quota: str, user: str, client_id: str, broker: int) -> Decision | None:
         """The decision that applies to a client, whichever counter its quota level uses."""

@@ -41,6 +41,8 @@ class TimersDecodeError(ValueError):
 
 @dataclass(frozen=True)
 class TimerStats:
+    """Timers pending now, and fired and cancelled since the state began."""
+
     pending: int
     fired: int
     cancelled: int
@@ -75,7 +77,7 @@ class ThrottleTimers:
         ``released_at`` (nullable) and ``notice`` (None, or why a pending throttle ended).
         """
         expired = self._expire(now_ms)
-        replaced = self._cancel(decisions.index)
+        replaced = self._take(decisions.index).index
         throttled = decisions["throttle_ms"].to_numpy() > 0
         added = self.wheel.add(decisions["until"].to_numpy(dtype=np.int64)[throttled])
         rows = decisions.copy()
@@ -102,10 +104,7 @@ class ThrottleTimers:
 
     def release(self, keys: pd.Index, now_ms: int) -> pd.DataFrame:
         """Cancel the pending throttles of ``keys`` (an operator's release); what was released."""
-        present = self.pending.index.isin(keys)
-        released = self.pending[present]
-        self.wheel.cancel(released["handle"].to_numpy(dtype=np.int64))
-        self.pending = self.pending[~present]
+        released = self._take(keys)
         return self._report(released, np.full(len(released), now_ms, dtype=np.int64), RELEASED)
 
     # ------------------------------------------------------------------ encoding
@@ -149,13 +148,13 @@ class ThrottleTimers:
         released_at = np.full(len(done), self.wheel.now_ms, dtype=np.int64)
         return self._report(done, released_at, EXPIRED)
 
-    def _cancel(self, keys: pd.Index) -> pd.Index:
-        """Cancel the timers of keys that have one; returns those keys."""
+    def _take(self, keys: pd.Index) -> pd.DataFrame:
+        """Cancel the timers of keys that have one; returns their pending rows."""
         present = self.pending.index.isin(keys)
-        replaced = self.pending[present]
-        self.wheel.cancel(replaced["handle"].to_numpy(dtype=np.int64))
+        taken = self.pending[present]
+        self.wheel.cancel(taken["handle"].to_numpy(dtype=np.int64))
         self.pending = self.pending[~present]
-        return replaced.index
+        return taken
 
     @staticmethod
     def _report(

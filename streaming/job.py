@@ -133,15 +133,12 @@ def _update_group(
     key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: GroupState, stage: StageSettings
 ) -> Iterator[pd.DataFrame]:
     rows = pd.concat(list(frames), ignore_index=True) if not state.hasTimedOut else _NO_ROWS
-    shard = int(key[0])
-    if shard < 0:  # the dead-letter group keeps no state
-        yield rows.reindex(columns=DECISION_SCHEMA.names)
-        return
     # The batch's time, kept in the checkpoint: a replayed batch fires the same timers.
     now_ms = int(state.getCurrentProcessingTimeMs())
     previous = ShardState(*state.get) if state.exists else None
-    update = update_shard(previous, rows, stage, shard, now_ms)
-    state.update((update.state.tables, update.state.timers))
+    update = update_shard(previous, rows, stage, int(key[0]), now_ms)
+    if update.state is not None:
+        state.update((update.state.tables, update.state.timers))
     if update.wake_at_ms is not None:
         state.setTimeoutDuration(max(update.wake_at_ms - now_ms, 1))
     yield update.rows

@@ -12,7 +12,7 @@ import json
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import pyarrow as pa
@@ -21,6 +21,7 @@ from kafka import KafkaProducer
 
 from quotastream.keys import decision_key, release_channel, timers_key
 from state.events import dead_letter_record
+from state.throttle_timers import TimerStats
 from streaming.stages import REJECT, TIMERS, USAGE
 
 WRITE_COUNTS = pa.schema([("decisions", pa.int64()), ("rejects", pa.int64())])
@@ -91,7 +92,7 @@ def write_batches(
                     pipeline.publish(channel, _json(release_notice(row)))
                 decisions += 1
             elif row["row_type"] == TIMERS:
-                counts = {name: row[f"timers_{name}"] for name in ("pending", "fired", "cancelled")}
+                counts = {f.name: row[f"timers_{f.name}"] for f in fields(TimerStats)}
                 pipeline.hset(timers_key(prefix), str(row["shard"]), _json(counts))
             elif row["row_type"] == REJECT:
                 producer = producer or _producer(settings)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -218,7 +218,7 @@ class ShardState:
 
 @dataclass(frozen=True)
 class ShardUpdate:
-    state: ShardState
+    state: ShardState | None  # None for the dead-letter group, which keeps no state
     rows: pd.DataFrame  # DECISION_SCHEMA
     #: When the shard's earliest pending timer bucket is due (None: no timers).
     wake_at_ms: int | None
@@ -236,7 +236,11 @@ def update_shard(
     Fires the throttle timers due by ``now_ms``, records the shard's usage, registers the new
     decisions' timers, and drops entities whose windows are empty at the eviction horizon. Spark
     keeps ``now_ms`` with the batch, so a replayed batch repeats the same releases.
+    Rejects pass through; the dead-letter group (shard -1) only passes them through.
     """
+    rejects = rows[rows["row_type"] == REJECT]
+    if shard < 0:
+        return ShardUpdate(None, rejects.reindex(columns=DECISION_SCHEMA.names), None)
     if state is None:
         core = QuotaCore(settings.config)
         timers = ThrottleTimers.empty(settings.timer_tick_ms, settings.timer_wheel_size, now_ms)
@@ -245,18 +249,9 @@ def update_shard(
         timers = ThrottleTimers.decode(state.timers)
     decisions = _record(core, rows[rows["row_type"] == USAGE])
     changed = timers.step(now_ms, decisions.set_index(_timer_keys(decisions)))
-    stats = timers.stats()
-    counts = pd.DataFrame(
-        {
-            "row_type": [TIMERS],
-            "shard": [shard],
-            "timers_pending": [stats.pending],
-            "timers_fired": [stats.fired],
-            "timers_cancelled": [stats.cancelled],
-        }
-    )
-    parts = [changed.reset_index(drop=True).assign(row_type=USAGE), counts]
-    parts += [rows[rows["row_type"] == REJECT]]
+    stats = {f"timers_{name}": [count] for name, count in asdict(timers.stats()).items()}
+    counts = pd.DataFrame({"row_type": [TIMERS], "shard": [shard], **stats})
+    parts = [changed.reset_index(drop=True).assign(row_type=USAGE), counts, rejects]
     out = pd.concat([part for part in parts if len(part)], ignore_index=True)
     for field in DECISION_SCHEMA.names:
         if field not in out:

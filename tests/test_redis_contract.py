@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 import redis
 
-from quotastream import Decision, QuotaClient, TimerCounts
+from quotastream import Decision, QuotaClient, TimerStats
 from quotastream.keys import release_channel
 from state.config import parse_quota_config
 from streaming.services import LocalService, start_redis
@@ -151,4 +151,4 @@ def test_timer_counts_sum_over_shards(server: LocalService) -> None:
     later = pa.RecordBatch.from_pylist([counts(1, 0, 7, 0)], schema=DECISION_SCHEMA)
     list(write_batches(iter([later]), settings))  # a shard's latest counts replace its earlier
     client = QuotaClient.connect(server.host, server.port, prefix="timers-test")
-    assert client.timer_counts() == TimerCounts(pending=3, fired=17, cancelled=1)
+    assert client.timer_counts() == TimerStats(pending=3, fired=17, cancelled=1)

@@ -64,7 +64,8 @@ def run_stages(micro_batches: list[list[bytes]]) -> tuple[pd.DataFrame, dict[int
         rows = staged.to_pandas()
         for shard, group in rows.groupby("shard"):
             update = update_shard(states.get(int(shard)), group, SETTINGS, int(shard), NOW)
-            states[int(shard)] = update.state
+            if update.state is not None:  # the dead-letter group keeps none
+                states[int(shard)] = update.state
             for record in update.rows.to_dict(orient="records"):
                 if record["row_type"] == TIMERS:
                     continue
@@ -125,6 +126,7 @@ def test_idle_entities_leave_the_state_and_late_events_for_them_are_rejected() -
     def step(values: list[bytes], state: ShardState | None) -> tuple[ShardState, pd.DataFrame]:
         rows = pa.Table.from_batches(list(usage_batches(iter([kafka_batch(values)]), stage)))
         update = update_shard(state, rows.to_pandas(), stage, 0, stage.now_ms())
+        assert update.state is not None
         return update.state, update.rows
 
     first = [json.dumps(produce(f"u{i}", "c", 1000, BASE)).encode() for i in range(4)]
