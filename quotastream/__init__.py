@@ -6,7 +6,7 @@ decision = client.for_client("produce", user="alice", client_id="app1", broker=1
 if decision and decision.throttle_ms_now() > 0: ...
 """
 
-from quotastream.client import Decision, QuotaClient
+from quotastream.client import Decision, QuotaClient, RemoteLog
 from state.throttle_timers import TimerStats
 
-__all__ = ["Decision", "QuotaClient", "TimerStats"]
+__all__ = ["Decision", "QuotaClient", "RemoteLog", "TimerStats"]

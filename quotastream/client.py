@@ -10,10 +10,11 @@ from typing import Any, cast
 import pandas as pd
 import redis
 
-from quotastream.keys import decision_key, release_channel, timers_key
+from quotastream.keys import decision_key, release_channel, remote_log_key, timers_key
 from state.config import QuotaConfig
 from state.core import QuotaCore
 from state.events import parse_events
+from state.remote_log import retention_breach
 from state.throttle_timers import TimerStats
 
 
@@ -28,16 +29,47 @@ class Decision:
     exceeded: bool
     window_ms: int
     decided_at: int
+    #: Whether the decision binds. A shadow, exempt or disabled decision (``mode``) reports what
+    #: would apply and never delays anyone.
+    enforced: bool = True
+    mode: str = "enforced"
+    #: The live configuration version the decision was made with.
+    config_version: int = 0
     #: When the engine released the throttle (its timer fired, a newer decision or an operator
     #: ended it); None while it is pending, or when there was none.
     released_at: int | None = None
 
     def throttle_ms_now(self, now_ms: int | None = None) -> int:
-        """How long the entity is still throttled, from now."""
-        if self.released_at is not None:
+        """How long the entity is still throttled, from now (0 for a decision not enforced)."""
+        if self.released_at is not None or not self.enforced:
             return 0
         now = int(time.time() * 1000) if now_ms is None else now_ms
         return max(self.until - now, 0)
+
+
+@dataclass(frozen=True)
+class RemoteLog:
+    """A partition's remote log (KIP-852), as the engine last wrote it."""
+
+    topic: str
+    partition: int
+    total: int  # bytes in remote storage, all leader epochs
+    epochs: dict[int, int]  # leader epoch -> bytes
+    segments: list[tuple[str, int, int]]  # (segment id, leader epoch, bytes), oldest first
+
+    def size(self, leader_epoch: int) -> int:
+        """``remoteLogSize(partition, leaderEpoch)``: 0 for an epoch with no remote segments."""
+        return self.epochs.get(leader_epoch, 0)
+
+    def retention_breach(self, retention_bytes: int, local_only_bytes: int) -> list[str]:
+        """The oldest segments that size-based retention deletes (Kafka's rule)."""
+        return retention_breach(
+            [segment for segment, _, _ in self.segments],
+            [size for _, _, size in self.segments],
+            self.total,
+            local_only_bytes,
+            retention_bytes,
+        )
 
 
 class QuotaClient:
@@ -87,6 +119,21 @@ class QuotaClient:
                 if channel.get_message(timeout=left) is not None:
                     decision = self.lookup(quota, entity)
         return decision
+
+    def remote_log(self, topic: str, partition: int) -> RemoteLog:
+        """A partition's remote log sizes in one round trip (empty when it has none)."""
+        raw = self._redis.get(remote_log_key(self._prefix, topic, partition))
+        if raw is None:
+            return RemoteLog(topic, partition, 0, {}, [])
+        assert isinstance(raw, bytes)
+        document = json.loads(raw)
+        return RemoteLog(
+            topic,
+            partition,
+            int(document["total"]),
+            {int(epoch): int(size) for epoch, size in document["epochs"].items()},
+            [(str(s), int(e), int(b)) for s, e, b in document["segments"]],
+        )
 
     def timer_counts(self) -> TimerStats:
         """Throttle timers summed over the engine's shards (as each last reported)."""

@@ -16,3 +16,8 @@ def release_channel(prefix: str, quota: str, entity: str) -> str:
 def timers_key(prefix: str) -> str:
     """The hash of per-shard timer counts."""
     return f"{prefix}:timers"
+
+
+def remote_log_key(prefix: str, topic: str, partition: int) -> str:
+    """The key holding a partition's remote log sizes (KIP-852)."""
+    return f"{prefix}:remote_log_size:{topic}:{partition}"

@@ -7,6 +7,7 @@ Unset quota = unlimited, as in Kafka. Client quotas attach to (user, client-id) 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,8 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
+    StrictBool,
     ValidationError,
     field_validator,
     model_validator,
@@ -65,13 +68,19 @@ class ClientQuota(_Model):
     client_id: EntityName | None = None
     producer_byte_rate: ByteRate | None = None
     consumer_byte_rate: ByteRate | None = None
+    #: Never throttled (e.g. MirrorMaker): unlimited at this entity's precedence level, so a
+    #: more specific entity's quota still wins over it.
+    exempt: StrictBool = False
 
     @model_validator(mode="after")
     def _names_an_entity_and_a_quota(self) -> ClientQuota:
         if self.user is None and self.client_id is None:
             raise ValueError("a client quota needs 'user', 'client_id' or both")
-        if self.producer_byte_rate is None and self.consumer_byte_rate is None:
-            raise ValueError("sets neither producer_byte_rate nor consumer_byte_rate")
+        rates = self.producer_byte_rate is not None or self.consumer_byte_rate is not None
+        if self.exempt and rates:
+            raise ValueError("an exempt entity takes no producer_byte_rate or consumer_byte_rate")
+        if not self.exempt and not rates:
+            raise ValueError("sets neither producer_byte_rate nor consumer_byte_rate (nor exempt)")
         return self
 
     @property
@@ -79,11 +88,14 @@ class ClientQuota(_Model):
         return (self.user, self.client_id)
 
     def rate_for(self, quota_type: QuotaType) -> float | None:
+        """This entity's limit for a client quota type: None when it sets none."""
+        if quota_type not in CLIENT_QUOTA_TYPES:
+            raise ValueError(f"{quota_type} is not a client quota")
+        if self.exempt:
+            return math.inf
         if quota_type is QuotaType.PRODUCE:
             return self.producer_byte_rate
-        if quota_type is QuotaType.FETCH:
-            return self.consumer_byte_rate
-        raise ValueError(f"{quota_type} is not a client quota")
+        return self.consumer_byte_rate
 
 
 class BrokerQuotas(_Model):
@@ -127,8 +139,18 @@ class ThrottledReplicas:
             replicas.add((int(match.group(1)), int(match.group(2))))
         return ThrottledReplicas(replicas=frozenset(replicas))
 
+    def text(self) -> str:
+        """The config value, as ``parse`` reads it (``""`` throttles nothing)."""
+        if self.every_partition:
+            return "*"
+        return ",".join(f"{partition}:{broker}" for partition, broker in sorted(self.replicas))
 
-ReplicaList = Annotated[ThrottledReplicas, BeforeValidator(ThrottledReplicas.parse)]
+
+ReplicaList = Annotated[
+    ThrottledReplicas,
+    BeforeValidator(ThrottledReplicas.parse),
+    PlainSerializer(ThrottledReplicas.text, return_type=str),
+]
 
 
 class TopicThrottles(_Model):
@@ -141,10 +163,20 @@ class TopicThrottles(_Model):
 BrokerKey = int | Literal["<default>"]
 
 
+class Enforcement(_Model):
+    """Switches over all decisions: they are always computed; these say whether they bind."""
+
+    #: Off: every decision is reported as not enforced (KIP-13's global disable).
+    enabled: StrictBool = True
+    #: Quota types whose decisions are computed and reported but marked not enforced.
+    shadow: frozenset[QuotaType] = frozenset()
+
+
 class QuotaConfig(_Model):
     """The whole quota configuration."""
 
     quota_types: QuotaTypes = QuotaTypes()
+    enforcement: Enforcement = Enforcement()
     clients: list[ClientQuota] = []
     brokers: dict[BrokerKey, BrokerQuotas] = {}
     topics: dict[str, TopicThrottles] = {}

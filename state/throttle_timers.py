@@ -73,12 +73,15 @@ class ThrottleTimers:
         """Fire what is due by ``now_ms``, then register ``decisions``; what changed, by key.
 
         ``decisions`` is indexed by key (one row each) with ``throttle_ms``, ``until`` and payload
-        columns. The result has every decision plus every expiry of a key without a decision, with
+        columns; a decision whose optional ``enforced`` column is false holds no timer. The
+        result has every decision plus every expiry of a key without a decision, with
         ``released_at`` (nullable) and ``notice`` (None, or why a pending throttle ended).
         """
         expired = self._expire(now_ms)
         replaced = self._take(decisions.index).index
         throttled = decisions["throttle_ms"].to_numpy() > 0
+        if "enforced" in decisions:
+            throttled &= decisions["enforced"].to_numpy(dtype=np.bool_)
         added = self.wheel.add(decisions["until"].to_numpy(dtype=np.int64)[throttled])
         rows = decisions.copy()
         released_at = np.full(len(rows), -1, dtype=np.int64)

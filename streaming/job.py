@@ -10,9 +10,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import astuple
 from functools import partial
 from typing import Any
 
@@ -23,6 +25,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from state.config import QuotaConfig
+from streaming.config_log import ConfigLog, ConfigSource
 from streaming.kafka_source import KafkaSource
 from streaming.settings import EngineSettings
 from streaming.sinks import WRITE_COUNTS, SinkSettings, write_batches
@@ -35,7 +38,9 @@ from streaming.stages import (
     usage_batches,
 )
 
-STATE_SCHEMA = "tables binary, timers binary"
+log = logging.getLogger(__name__)
+
+STATE_SCHEMA = "tables binary, timers binary, remote_log binary"
 _NO_ROWS = pd.DataFrame(columns=STAGE_SCHEMA.names)
 
 
@@ -48,9 +53,11 @@ def local_spark(settings: EngineSettings, app_name: str = "quotastream") -> Spar
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", str(settings.spark.shuffle_partitions))
+        # Each shard is one state value (a blob): a handful of large values, which the
+        # in-memory store commits in a third of RocksDB's time (docs/streaming.md).
         .config(
             "spark.sql.streaming.stateStore.providerClass",
-            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+            "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
         )
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         # Stopping a query whose foreachBatch is running overflowed the default thread stack.
@@ -79,8 +86,15 @@ def start_query(
     )
     if kafka.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(kafka.max_offsets_per_trigger))
-    for name, secret in kafka.client.items():
-        reader = reader.option(f"kafka.{name.replace('_', '.')}", secret.get_secret_value())
+    for name, value in kafka.client_settings().items():
+        reader = reader.option(f"kafka.{name.replace('_', '.')}", value)
+    live_configs = None
+    if kafka.config_topic is not None:
+        _check_config_log(settings, config)
+        reader = reader.option("configTopic", kafka.config_topic)
+        live_configs = ConfigSource(
+            config, kafka.bootstrap_servers, kafka.config_topic, kafka.client_settings()
+        )
     stage = StageSettings(
         config=config,
         bounds=settings.events.bounds(None),
@@ -90,10 +104,13 @@ def start_query(
         max_future_ms=settings.events.max_future_ms,
         timer_tick_ms=settings.timers.tick_ms,
         timer_wheel_size=settings.timers.wheel_size,
+        live_configs=live_configs,
     )
     # Shards wake up for their throttle timers in batches without data; a run that stops when
     # the input is read (available-now) must not wait for timers, so it runs none.
     spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", str(not available_now).lower())
+    # Taken by a new checkpoint only; a restarted query keeps the count it began with.
+    spark.conf.set("spark.sql.shuffle.partitions", str(settings.spark.shuffle_partitions))
     staged = reader.load().mapInArrow(
         partial(usage_batches, settings=stage), from_arrow_schema(STAGE_SCHEMA)
     )
@@ -129,6 +146,21 @@ def start_query(
     return writer.start()
 
 
+def _check_config_log(settings: EngineSettings, config: QuotaConfig) -> None:
+    """Creates the configuration log if needed and reports changes it cannot apply."""
+    kafka = settings.kafka
+    assert kafka.config_topic is not None
+    config_log = ConfigLog(kafka.bootstrap_servers, kafka.config_topic, kafka.client_settings())
+    try:
+        config_log.ensure_topic()
+        live = config_log.current(config)
+    finally:
+        config_log.close()
+    log.info("live configuration: version %d from %s", live.version, kafka.config_topic)
+    for skipped in live.skipped:
+        log.warning("config version %d is skipped: %s", skipped.version, skipped.reason)
+
+
 def _update_group(
     key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: GroupState, stage: StageSettings
 ) -> Iterator[pd.DataFrame]:
@@ -138,7 +170,7 @@ def _update_group(
     previous = ShardState(*state.get) if state.exists else None
     update = update_shard(previous, rows, stage, int(key[0]), now_ms)
     if update.state is not None:
-        state.update((update.state.tables, update.state.timers))
+        state.update(astuple(update.state))
     if update.wake_at_ms is not None:
         state.setTimeoutDuration(max(update.wake_at_ms - now_ms, 1))
     yield update.rows

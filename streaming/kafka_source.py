@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -40,6 +41,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 from typing_extensions import override
 
+from streaming.kafka_clients import new_consumer, partition_name, true_end_offsets
 from streaming.offsets import (
     OffsetRange,
     Offsets,
@@ -52,7 +54,10 @@ from streaming.offsets import (
 
 log = logging.getLogger(__name__)
 
-SCHEMA = "key binary, value binary, topic string, partition int, offset long, timestamp long"
+SCHEMA = (
+    "key binary, value binary, topic string, partition int, offset long, timestamp long, "
+    "config_version long"
+)
 ARROW_SCHEMA = pa.schema(
     [
         ("key", pa.binary()),
@@ -61,9 +66,18 @@ ARROW_SCHEMA = pa.schema(
         ("partition", pa.int32()),
         ("offset", pa.int64()),
         ("timestamp", pa.int64()),
+        ("config_version", pa.int64()),  # the live configuration this micro-batch decides with
     ]
 )
 _RECORDS_PER_BATCH = 8192
+
+
+@dataclass(frozen=True)
+class ReadTask:
+    """One input partition: an offset range, and the configuration version of its batch."""
+
+    offsets: OffsetRange
+    config_version: int
 
 
 class DataLossError(RuntimeError):
@@ -139,16 +153,18 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             }
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         ends = limit_end({tp: begin[tp] for tp in available}, available, max_rows)
-        return to_json({**begin, **{tp: max(end, 0) for tp, end in ends.items()}})
+        return to_json({**begin, **{tp: max(end, 0) for tp, end in ends.items()}, **self._config()})
 
     @override
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begin, until = from_json(start), from_json(end)
+        # The configuration log is not read as data: its end offset is the batch's version.
+        version = until.pop(self._config_partition, 0)
         # A partition whose log restarted below the checkpoint (data loss tolerated) is read
         # again from its beginning.
         restarted = {tp: 0 for tp, offset in until.items() if offset < begin.get(tp, 0)}
         ranges = plan_ranges({**begin, **restarted}, until)
-        return [InputPartition(offset_range) for offset_range in ranges]
+        return [InputPartition(ReadTask(offset_range, version)) for offset_range in ranges]
 
     @override
     def commit(self, end: dict[str, Any]) -> None:
@@ -163,7 +179,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # ------------------------------------------------------------------ worker side
     @override
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        offset_range: OffsetRange = partition.value
+        task: ReadTask = partition.value
+        offset_range = task.offsets
         consumer = _worker_consumer(self.options)
         tp = TopicPartition(offset_range.topic, offset_range.partition)
         consumer.assign([tp])
@@ -183,8 +200,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if time.monotonic() > deadline:
                     self._check_gone(consumer, tp, expected, offset_range)
                     raise TimeoutError(
-                        f"{_name(tp)}: offsets {expected}..{offset_range.end - 1} not received "
-                        f"within {self.options.poll_timeout_ms} ms"
+                        f"{partition_name(tp)}: offsets {expected}..{offset_range.end - 1} not "
+                        f"received within {self.options.poll_timeout_ms} ms"
                     )
                 continue
             deadline = time.monotonic() + self.options.poll_timeout_ms / 1000
@@ -199,10 +216,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 rows["timestamp"].append(record.timestamp)
             expected = records[-1].offset + 1
             if len(rows["offset"]) >= _RECORDS_PER_BATCH:
-                yield _record_batch(rows, tp)
+                yield _record_batch(rows, tp, task.config_version)
                 rows = {name: [] for name in ARROW_SCHEMA.names}
         if rows["offset"]:
-            yield _record_batch(rows, tp)
+            yield _record_batch(rows, tp, task.config_version)
 
     # ------------------------------------------------------------------ internals
     def _driver_consumer(self) -> KafkaConsumer:
@@ -220,6 +237,19 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 continue
             partitions += [TopicPartition(topic, partition) for partition in sorted(ids)]
         return partitions
+
+    @property
+    def _config_partition(self) -> tuple[str, int]:
+        return (self.options.config_topic or "", 0)
+
+    def _config(self) -> Offsets:
+        """The configuration log's end (the newest version), kept with the batch's offsets."""
+        topic = self.options.config_topic
+        if topic is None:
+            return {}
+        if not self._driver_consumer().partitions_for_topic(topic):
+            return {(topic, 0): 0}
+        return self._true_ends([TopicPartition(topic, 0)])
 
     def _earliest(self, partitions: Sequence[TopicPartition]) -> Offsets:
         if not partitions:
@@ -256,35 +286,6 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
 
 
-def true_end_offsets(
-    consumer: KafkaConsumer, partitions: Sequence[TopicPartition], timeout_ms: int
-) -> Offsets:
-    """Each partition's end offset as its records show it.
-
-    ListOffsets can undercount on some brokers; reading from the last offset it reports and taking
-    the fetch's high watermark gives the true end (on Apache Kafka it changes nothing).
-    """
-    if not partitions:
-        return {}
-    reported = consumer.end_offsets(list(partitions))
-    earliest = consumer.beginning_offsets(list(partitions))
-    ends = {tp: reported[tp] for tp in partitions}
-    pending = {tp for tp in partitions if reported[tp] > earliest[tp]}
-    consumer.assign(list(partitions))
-    for tp in partitions:
-        consumer.seek(tp, reported[tp] - 1 if tp in pending else reported[tp])
-    deadline = time.monotonic() + timeout_ms / 1000
-    while pending and time.monotonic() < deadline:
-        for tp, records in consumer.poll(timeout_ms=100, max_records=100_000).items():
-            if records:
-                highwater = consumer.highwater(tp) or 0
-                ends[tp] = max(ends[tp], records[-1].offset + 1, highwater)
-                pending.discard(tp)
-    for tp in pending:
-        log.warning("%s: no records at its reported end in %d ms", _name(tp), timeout_ms)
-    return {(tp.topic, tp.partition): end for tp, end in ends.items()}
-
-
 _WORKER_CONSUMERS: dict[tuple[str, tuple[tuple[str, str], ...]], KafkaConsumer] = {}
 
 
@@ -298,22 +299,14 @@ def _worker_consumer(options: SourceOptions) -> KafkaConsumer:
 
 
 def _new_consumer(options: SourceOptions) -> KafkaConsumer:
-    settings: dict[str, Any] = {
-        "bootstrap_servers": options.bootstrap_servers.split(","),
-        "group_id": None,
-        "enable_auto_commit": False,
-        "auto_offset_reset": "none",
-        **options.client,
-    }
-    return KafkaConsumer(**settings)
+    return new_consumer(options.bootstrap_servers, options.client)
 
 
-def _record_batch(rows: dict[str, list[Any]], tp: TopicPartition) -> pa.RecordBatch:
+def _record_batch(
+    rows: dict[str, list[Any]], tp: TopicPartition, config_version: int
+) -> pa.RecordBatch:
     count = len(rows["offset"])
     rows["topic"] = [tp.topic] * count
     rows["partition"] = [tp.partition] * count
+    rows["config_version"] = [config_version] * count
     return pa.RecordBatch.from_pydict(rows, schema=ARROW_SCHEMA)
-
-
-def _name(tp: TopicPartition) -> str:
-    return f"{tp.topic}-{tp.partition}"

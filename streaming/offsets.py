@@ -89,6 +89,9 @@ class SourceOptions:
     max_offsets_per_trigger: int | None = None
     fail_on_data_loss: bool = True
     poll_timeout_ms: int = 2_000
+    #: The live configuration's log (``streaming.config_log``): its end offset is pinned with
+    #: each batch's offsets as the configuration version the batch decides with.
+    config_topic: str | None = None
     #: kafka-python settings from ``kafka.*`` options (``kafka.security.protocol`` ->
     #: ``security_protocol``). May hold secrets (SASL passwords): kept out of repr and logs.
     client: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -116,6 +119,11 @@ class SourceOptions:
                 raise SourceOptionError(
                     f"option 'startingOffsets' must be earliest, latest or JSON, got {starting!r}"
                 ) from None
+        config_topic = lowered.get("configtopic", "").strip() or None
+        if config_topic in topics:
+            raise SourceOptionError(
+                f"option 'configTopic' ({config_topic!r}) must not also be subscribed as events"
+            )
         return SourceOptions(
             bootstrap_servers=required("kafka.bootstrap.servers"),
             topics=topics,
@@ -123,6 +131,7 @@ class SourceOptions:
             max_offsets_per_trigger=_positive_int(lowered, "maxOffsetsPerTrigger"),
             fail_on_data_loss=_boolean(lowered, "failOnDataLoss", default=True),
             poll_timeout_ms=_positive_int(lowered, "kafkaConsumer.pollTimeoutMs") or 2_000,
+            config_topic=config_topic,
             client=_client_settings(options),
         )
 

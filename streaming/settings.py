@@ -42,12 +42,19 @@ class KafkaSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    def client_settings(self) -> dict[str, Any]:
+        """kafka-python settings with their secret values (never log the result)."""
+        return {name: secret.get_secret_value() for name, secret in self.client.items()}
+
     bootstrap_servers: str = "127.0.0.1:9092"
     topics: list[Annotated[str, Field(min_length=1)]] = ["quotastream.events"]
     starting_offsets: Literal["earliest", "latest"] = "latest"
     max_offsets_per_trigger: Annotated[int, Field(ge=1)] | None = None
     fail_on_data_loss: bool = True
     dead_letter_topic: str = "quotastream.dead-letter"
+    #: The live configuration's log (``quotastream quota ...`` appends to it); null: the quota
+    #: file is the only configuration and nothing changes while the engine runs.
+    config_topic: Annotated[str, Field(min_length=1)] | None = "quotastream.config"
     #: kafka-python settings for the source (e.g. security_protocol, sasl_plain_password).
     client: dict[str, SecretStr] = {}
 

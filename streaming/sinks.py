@@ -19,10 +19,11 @@ import pyarrow as pa
 import redis
 from kafka import KafkaProducer
 
-from quotastream.keys import decision_key, release_channel, timers_key
+from quotastream.keys import decision_key, release_channel, remote_log_key, timers_key
 from state.events import dead_letter_record
+from state.live_config import Mode
 from state.throttle_timers import TimerStats
-from streaming.stages import REJECT, TIMERS, USAGE
+from streaming.stages import REJECT, REMOTE_LOG, TIMERS, USAGE
 
 WRITE_COUNTS = pa.schema([("decisions", pa.int64()), ("rejects", pa.int64())])
 
@@ -54,6 +55,10 @@ def decision_value(row: dict[str, Any]) -> dict[str, Any]:
         "exceeded": bool(row["exceeded"]),
         "window_ms": int(row["window_ms"]),
         "decided_at": int(row["ts"]),
+        # Only an enforced decision binds; shadow, exempt and disabled ones are reports.
+        "enforced": row["mode"] == Mode.ENFORCED.value,
+        "mode": row["mode"],
+        "config_version": int(row["config_version"]),
         "released_at": None if row["released_at"] is None else int(row["released_at"]),
     }
 
@@ -91,6 +96,14 @@ def write_batches(
                     channel = release_channel(prefix, row["quota"], row["entity"])
                     pipeline.publish(channel, _json(release_notice(row)))
                 decisions += 1
+            elif row["row_type"] == REMOTE_LOG:
+                key = remote_log_key(prefix, row["topic"], row["partition"])
+                document = json.loads(row["remote_log"])
+                # Sizes are kept, not expired: they change only with segment events.
+                if document["segments"]:
+                    pipeline.set(key, row["remote_log"])
+                else:
+                    pipeline.delete(key)
             elif row["row_type"] == TIMERS:
                 counts = {f.name: row[f"timers_{f.name}"] for f in fields(TimerStats)}
                 pipeline.hset(timers_key(prefix), str(row["shard"]), _json(counts))

@@ -16,9 +16,11 @@ many entities, not one entity.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -27,13 +29,17 @@ import pyarrow as pa
 
 from state.config import QuotaConfig
 from state.core import QuotaCore
-from state.events import EventBounds, parse_events
+from state.events import EventBounds, EventKind, parse_events
+from state.live_config import ConfigVersions, LiveConfig, Mode, decision_mode
 from state.quota_types import QuotaType
+from state.remote_log import RemoteLogSizes
 from state.throttle_timers import ThrottleTimers
 from state.timing_wheel import KAFKA_TICK_MS, KAFKA_WHEEL_SIZE
 
 USAGE = "usage"
 REJECT = "reject"
+SEGMENT = "segment"  # a remote segment lifecycle event (KIP-852), on its way to its shard
+REMOTE_LOG = "remote_log"  # a partition's remote log sizes, after a batch changed them
 
 #: Rows between the two stages: usage sums, and rejected events on their way to the dead letter.
 STAGE_SCHEMA = pa.schema(
@@ -53,6 +59,11 @@ STAGE_SCHEMA = pa.schema(
         ("payload", pa.binary()),
         ("reason", pa.string()),
         ("detail", pa.string()),
+        ("config_version", pa.int64()),  # the live configuration the row was decided with
+        ("mode", pa.string()),  # state.live_config.Mode
+        ("leader_epoch", pa.int32()),  # segments (with topic, partition, ts, counted_bytes)
+        ("segment_id", pa.string()),
+        ("segment_state", pa.string()),
     ]
 )
 
@@ -80,6 +91,14 @@ class StageSettings:
     #: The throttle timers' wheel.
     timer_tick_ms: int = KAFKA_TICK_MS
     timer_wheel_size: int = KAFKA_WHEEL_SIZE
+    #: Where later versions of the configuration are (None: ``config`` is the only version).
+    live_configs: ConfigVersions | None = None
+
+    def live(self, version: int) -> LiveConfig:
+        """The configuration a batch pinned; ``config`` (version 0) is the YAML file."""
+        if self.live_configs is None:
+            return LiveConfig(0, self.config)
+        return self.live_configs.at(version)
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -98,23 +117,41 @@ def usage_batches(
     batches: Iterator[pa.RecordBatch], settings: StageSettings
 ) -> Iterator[pa.RecordBatch]:
     """Stage 1: Kafka records in, usage sums and rejects out."""
-    core = QuotaCore(settings.config)
+    cores: dict[int, QuotaCore] = {}
     for batch in batches:
+        # A micro-batch has one configuration version; a batch of records has one version.
+        version = _config_version(batch)
+        if version not in cores:
+            cores.clear()
+            cores[version] = QuotaCore(settings.live(version).config)
         values = batch.column("value").to_pylist()
         payloads = [value if value is not None else b"" for value in values]
         bounds = settings.bounds.around(
             settings.now_ms(), settings.max_past_ms, settings.max_future_ms
         )
         parsed = parse_events(payloads, bounds, settings.max_payload_bytes)
+        is_segment = (parsed.accepted["kind"] == EventKind.REMOTE_SEGMENT).to_numpy()
+        if is_segment.any():
+            segments = _segments(parsed.accepted[is_segment], settings)
+            yield pa.RecordBatch.from_pandas(segments, schema=STAGE_SCHEMA, preserve_index=False)
         if len(parsed.accepted):
-            usage = _usage(core.resolve(parsed.accepted), settings)
+            core = cores[version]
+            usage = _usage(core.resolve(parsed.accepted), settings, core.config, version)
             if len(usage):
                 yield pa.RecordBatch.from_pandas(usage, schema=STAGE_SCHEMA, preserve_index=False)
         if len(parsed.rejected):
             yield _rejects(batch, parsed.rejected)
 
 
-def _usage(resolved: pd.DataFrame, settings: StageSettings) -> pd.DataFrame:
+def _config_version(batch: pa.RecordBatch) -> int:
+    if "config_version" not in batch.schema.names or batch.num_rows == 0:
+        return 0
+    return int(batch.column("config_version")[0].as_py())
+
+
+def _usage(
+    resolved: pd.DataFrame, settings: StageSettings, config: QuotaConfig, version: int
+) -> pd.DataFrame:
     measured = resolved[resolved["quota"].notna()]
     window = measured["quota"].map(
         {q.value: settings.config.quota_types.of(q).window_ms for q in QuotaType}
@@ -128,6 +165,7 @@ def _usage(resolved: pd.DataFrame, settings: StageSettings) -> pd.DataFrame:
             "counted_bytes": measured["counted_bytes"].to_numpy(),
             "limit": measured["limit"].to_numpy(),
             "level": measured["level"].to_numpy(),
+            "mode": _modes(measured, config),
         }
     )
     summed = frame.groupby(["quota", "entity", "sample"], sort=False, observed=True).agg(
@@ -136,16 +174,55 @@ def _usage(resolved: pd.DataFrame, settings: StageSettings) -> pd.DataFrame:
         events=("ts", "size"),
         limit=("limit", "first"),
         level=("level", "first"),
+        mode=("mode", "first"),
     )
     summed = summed.reset_index().drop(columns="sample")
+    summed["config_version"] = version
     summed.insert(0, "row_type", USAGE)
     summed.insert(1, "shard", shard_of(summed["entity"], settings.shards))
-    for column in ("topic", "payload", "reason", "detail"):
-        summed[column] = None
-    summed["partition"] = -1
-    summed["offset"] = -1
-    ordered: pd.DataFrame = summed[STAGE_SCHEMA.names]
+    return _stage_rows(summed)
+
+
+def _segments(events: pd.DataFrame, settings: StageSettings) -> pd.DataFrame:
+    """Segment events as stage rows, sharded by partition so that one shard keeps its sizes."""
+    partition_keys = (
+        "topic=" + events["topic"].astype(str) + ",partition=" + events["partition"].astype(str)
+    )
+    rows = pd.DataFrame(
+        {
+            "row_type": SEGMENT,
+            "shard": shard_of(partition_keys, settings.shards),
+            "ts": events["ts"].to_numpy(),
+            "counted_bytes": events["bytes"].to_numpy(),
+            "topic": events["topic"].to_numpy(),
+            "partition": events["partition"].to_numpy(),
+            "leader_epoch": events["leader_epoch"].to_numpy(),
+            "segment_id": events["segment_id"].to_numpy(),
+            "segment_state": events["state"].to_numpy(),
+        }
+    )
+    return _stage_rows(rows)
+
+
+def _stage_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` with every STAGE_SCHEMA column, in order; the columns it lacks are null."""
+    for name in STAGE_SCHEMA.names:
+        if name not in rows:
+            rows[name] = None
+    ordered: pd.DataFrame = rows[STAGE_SCHEMA.names]
     return ordered
+
+
+def _modes(resolved: pd.DataFrame, config: QuotaConfig) -> npt.NDArray[np.object_]:
+    """Each row's :class:`Mode`; an entity resolved to an exempt level is unlimited there."""
+    exempt = (resolved["level"].to_numpy() > 0) & np.isinf(resolved["limit"].to_numpy())
+    quota = resolved["quota"].astype(str).to_numpy()
+    modes = np.empty(len(resolved), dtype=object)
+    for quota_type in QuotaType:
+        rows = quota == quota_type.value
+        for is_exempt in (False, True):
+            modes[rows & (exempt == is_exempt)] = decision_mode(config, quota_type, is_exempt).value
+    return modes
 
 
 def _rejects(batch: pa.RecordBatch, rejected: pd.DataFrame) -> pa.RecordBatch:
@@ -180,6 +257,8 @@ DECISION_SCHEMA = pa.schema(
         ("until", pa.int64()),
         ("exceeded", pa.bool_()),
         ("window_ms", pa.int64()),
+        ("config_version", pa.int64()),
+        ("mode", pa.string()),  # state.live_config.Mode: only "enforced" decisions bind
         ("released_at", pa.int64()),  # null while a throttle is pending
         ("notice", pa.string()),  # why a pending throttle ended in this batch
         ("shard", pa.int32()),  # timers rows
@@ -192,6 +271,7 @@ DECISION_SCHEMA = pa.schema(
         ("payload", pa.binary()),
         ("reason", pa.string()),
         ("detail", pa.string()),
+        ("remote_log", pa.string()),  # remote_log rows: the partition's sizes (JSON)
     ]
 )
 TIMERS = "timers"
@@ -205,15 +285,18 @@ _DECISION_FIELDS = [
     "until",
     "exceeded",
     "window_ms",
+    "config_version",
+    "mode",
 ]
 
 
 @dataclass(frozen=True)
 class ShardState:
-    """One shard's state value: its rolling tables and its pending throttle timers."""
+    """One shard's state value: rolling tables, pending throttle timers, remote log sizes."""
 
     tables: bytes
     timers: bytes
+    remote_log: bytes
 
 
 @dataclass(frozen=True)
@@ -244,32 +327,103 @@ def update_shard(
     if state is None:
         core = QuotaCore(settings.config)
         timers = ThrottleTimers.empty(settings.timer_tick_ms, settings.timer_wheel_size, now_ms)
+        remote_log = RemoteLogSizes().encode()
     else:
         core = QuotaCore.restore(settings.config, state.tables)
         timers = ThrottleTimers.decode(state.timers)
+        remote_log = state.remote_log
+    horizon = settings.eviction_horizon(now_ms)
+    segments = rows[rows["row_type"] == SEGMENT]
+    remote_log_rows = pd.DataFrame()
+    if len(segments):
+        # Decoded only when a batch brings segment events: most batches bring none.
+        sizes = RemoteLogSizes.decode(remote_log)
+        remote_log_rows = _remote_log_rows(sizes, segments)
+        if horizon is not None:
+            sizes.evict_tombstones(horizon)
+        remote_log = sizes.encode()
     decisions = _record(core, rows[rows["row_type"] == USAGE])
+    decisions["enforced"] = decisions["mode"] == Mode.ENFORCED.value
     changed = timers.step(now_ms, decisions.set_index(_timer_keys(decisions)))
     stats = {f"timers_{name}": [count] for name, count in asdict(timers.stats()).items()}
     counts = pd.DataFrame({"row_type": [TIMERS], "shard": [shard], **stats})
-    parts = [changed.reset_index(drop=True).assign(row_type=USAGE), counts, rejects]
+    parts = [
+        changed.reset_index(drop=True).assign(row_type=USAGE),
+        counts,
+        remote_log_rows,
+        rejects,
+    ]
     out = pd.concat([part for part in parts if len(part)], ignore_index=True)
     for field in DECISION_SCHEMA.names:
         if field not in out:
             out[field] = None
-    horizon = settings.eviction_horizon(now_ms)
     if horizon is not None:
         core.evict_idle(horizon)
     return ShardUpdate(
-        ShardState(core.encode_state(), timers.encode()),
+        ShardState(core.encode_state(), timers.encode(), remote_log),
         out[DECISION_SCHEMA.names],
         timers.next_expiration(),
     )
 
 
+def _remote_log_rows(sizes: RemoteLogSizes, segments: pd.DataFrame) -> pd.DataFrame:
+    """Applies segment events; one row per partition whose sizes changed, with all of them."""
+    changed = sizes.apply(
+        pd.DataFrame(
+            {
+                "ts": segments["ts"].to_numpy(dtype=np.int64),
+                "topic": segments["topic"].to_numpy(dtype=object),
+                "partition": segments["partition"].to_numpy(dtype=np.int64),
+                "leader_epoch": segments["leader_epoch"].to_numpy(dtype=np.int64),
+                "segment_id": segments["segment_id"].to_numpy(dtype=object),
+                "bytes": segments["counted_bytes"].to_numpy(dtype=np.int64),
+                "state": segments["segment_state"].to_numpy(dtype=object),
+            }
+        )
+    )
+    documents = [
+        json.dumps(remote_log_document(sizes, topic, int(partition)), separators=(",", ":"))
+        for topic, partition in zip(changed["topic"], changed["partition"], strict=True)
+    ]
+    return pd.DataFrame(
+        {
+            "row_type": REMOTE_LOG,
+            "topic": changed["topic"].to_numpy(dtype=object),
+            "partition": changed["partition"].to_numpy(dtype=np.int64),
+            "remote_log": documents,
+        }
+    )
+
+
+def remote_log_document(sizes: RemoteLogSizes, topic: str, partition: int) -> dict[str, Any]:
+    """What readers of a partition's remote log key get (``docs/redis.md``)."""
+    live = sizes.live_segments(topic, partition)
+    return {
+        "topic": topic,
+        "partition": partition,
+        "total": sizes.partition_total(topic, partition),
+        "epochs": {str(epoch): size for epoch, size in sizes.epoch_sizes(topic, partition).items()},
+        # Oldest first: what size-based retention deletes first.
+        "segments": [
+            [str(segment), int(epoch), int(size)]
+            for segment, epoch, size in zip(
+                live["segment_id"], live["leader_epoch"], live["bytes"], strict=True
+            )
+        ],
+    }
+
+
 def _record(core: QuotaCore, usage: pd.DataFrame) -> pd.DataFrame:
     """Each touched entity's latest decision after recording ``usage``."""
     if not len(usage):
-        empty = {"quota": object, "entity": object, "rate": float, "limit": float, "exceeded": bool}
+        empty = {
+            "quota": object,
+            "entity": object,
+            "rate": float,
+            "limit": float,
+            "exceeded": bool,
+            "mode": object,
+        }
         return pd.DataFrame(
             {name: pd.Series(dtype=empty.get(name, np.int64)) for name in _DECISION_FIELDS}
         )
@@ -288,7 +442,10 @@ def _record(core: QuotaCore, usage: pd.DataFrame) -> pd.DataFrame:
             "in_sync": np.zeros(len(usage), dtype=np.bool_),
         }
     )
-    decided = core.record(resolved)
+    decided = core.record(resolved).assign(
+        config_version=usage["config_version"].to_numpy(dtype=np.int64),
+        mode=usage["mode"].to_numpy(dtype=object),
+    )
     latest = decided.assign(
         quota=decided["quota"].astype(str), entity=decided["entity"].astype(str)
     ).drop_duplicates(["quota", "entity"], keep="last")

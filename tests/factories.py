@@ -37,6 +37,29 @@ def remote(
     }
 
 
+def remote_segment(
+    topic: str,
+    partition: int,
+    segment_id: str,
+    nbytes: int,
+    state: str,
+    ts: int,
+    leader_epoch: int = 0,
+    broker: int = 1,
+) -> dict[str, Any]:
+    return {
+        "kind": "remote_segment",
+        "broker": broker,
+        "topic": topic,
+        "partition": partition,
+        "leader_epoch": leader_epoch,
+        "segment_id": segment_id,
+        "state": state,
+        "bytes": nbytes,
+        "ts": ts,
+    }
+
+
 def replication(
     broker: int,
     role: str,

@@ -29,7 +29,9 @@ def server() -> Iterator[LocalService]:
         yield service
 
 
-def decision_row(entity: str, ts: int, throttle_ms: int) -> dict[str, object]:
+def decision_row(
+    entity: str, ts: int, throttle_ms: int, mode: str = "enforced"
+) -> dict[str, object]:
     return {
         "row_type": USAGE,
         "quota": "produce",
@@ -41,6 +43,8 @@ def decision_row(entity: str, ts: int, throttle_ms: int) -> dict[str, object]:
         "until": ts + throttle_ms,
         "exceeded": throttle_ms > 0,
         "window_ms": 10_000,
+        "config_version": 3,
+        "mode": mode,
         "released_at": None,
         "notice": None,
         "topic": None,
@@ -74,6 +78,20 @@ def test_a_written_decision_reads_back_in_one_lookup(server: LocalService) -> No
     assert 4000 < decision.throttle_ms_now() <= 5000
     assert decision.throttle_ms_now(now_ms=now + 6000) == 0
     assert client.lookup("produce", "user=nobody,broker=1") is None
+
+
+@pytest.mark.parametrize("mode", ["shadow", "exempt", "disabled"])
+def test_a_decision_not_enforced_reports_its_delay_but_never_binds(
+    server: LocalService, mode: str
+) -> None:
+    now = int(time.time() * 1000)
+    write(server, [decision_row("user=shadowed,broker=1", now, 5000, mode=mode)])
+    client = QuotaClient.connect(server.host, server.port, prefix="qs")
+    decision = client.lookup("produce", "user=shadowed,broker=1")
+    assert decision is not None
+    assert (decision.mode, decision.enforced, decision.config_version) == (mode, False, 3)
+    assert decision.throttle_ms == 5000  # what would apply, reported
+    assert decision.throttle_ms_now(now_ms=now) == 0
 
 
 def test_keys_expire_when_the_throttle_ends_but_not_before_keep_ms(server: LocalService) -> None:

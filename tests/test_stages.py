@@ -15,10 +15,17 @@ from hypothesis import strategies as st
 from state.config import parse_quota_config
 from state.core import QuotaCore
 from state.events import EventBounds, parse_events
+from state.live_config import (
+    LiveConfigs,
+    SetClientQuota,
+    SetEnforcement,
+    encode_change,
+)
 from state.quota_types import QuotaType
 from streaming.kafka_source import ARROW_SCHEMA
 from streaming.stages import (
     REJECT,
+    REMOTE_LOG,
     TIMERS,
     USAGE,
     ShardState,
@@ -26,7 +33,7 @@ from streaming.stages import (
     update_shard,
     usage_batches,
 )
-from tests.factories import BASE, MIXED_QUOTAS, mixed_payloads, produce
+from tests.factories import BASE, MIXED_QUOTAS, mixed_payloads, produce, remote_segment
 
 CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
 SETTINGS = StageSettings(CONFIG, EventBounds(), 65_536, shards=4)
@@ -39,7 +46,9 @@ def payloads(seed: int, count: int) -> list[bytes]:
     return out
 
 
-def kafka_batch(values: list[bytes], first_offset: int = 0) -> pa.RecordBatch:
+def kafka_batch(
+    values: list[bytes], first_offset: int = 0, config_version: int = 0
+) -> pa.RecordBatch:
     count = len(values)
     return pa.RecordBatch.from_pydict(
         {
@@ -49,6 +58,7 @@ def kafka_batch(values: list[bytes], first_offset: int = 0) -> pa.RecordBatch:
             "partition": [0] * count,
             "offset": list(range(first_offset, first_offset + count)),
             "timestamp": [0] * count,
+            "config_version": [config_version] * count,
         },
         schema=ARROW_SCHEMA,
     )
@@ -146,3 +156,78 @@ def test_idle_entities_leave_the_state_and_late_events_for_them_are_rejected() -
     assert list(table.keys) == ["user=u0,broker=1"]
     assert out.loc[out["row_type"] == REJECT, "reason"].tolist() == ["ts_out_of_bounds"]
     assert out.loc[out["row_type"] == USAGE, "rate"].tolist() == [pytest.approx(500 / 10.0)]
+
+
+def one_shard_step(
+    stage: StageSettings, values: list[bytes], state: ShardState | None, version: int = 0
+) -> tuple[ShardState, pd.DataFrame]:
+    batch = kafka_batch(values, config_version=version)
+    rows = pa.Table.from_batches(list(usage_batches(iter([batch]), stage))).to_pandas()
+    update = update_shard(state, rows, stage, 0, stage.now_ms())
+    assert update.state is not None
+    return update.state, update.rows
+
+
+def test_remote_segment_events_keep_partition_sizes_once_per_segment() -> None:
+    stage = StageSettings(CONFIG, EventBounds(), 65_536, shards=1, clock=lambda: BASE / 1000)
+
+    def segment(segment_id: str, size: int, state: str, epoch: int) -> bytes:
+        event = remote_segment("orders", 3, segment_id, size, state, BASE - 1000, epoch)
+        return json.dumps(event).encode()
+
+    copies = [segment("a", 100, "copy_finished", 0), segment("b", 200, "copy_finished", 1)]
+    state, out = one_shard_step(stage, copies, None)
+    (row,) = out[out["row_type"] == REMOTE_LOG].to_dict(orient="records")
+    assert (row["topic"], row["partition"]) == ("orders", 3)
+    document = json.loads(row["remote_log"])
+    assert (document["total"], document["epochs"]) == (300, {"0": 100, "1": 200})
+    assert [s[0] for s in document["segments"]] == ["a", "b"]
+    # Redelivered copies change nothing; a delete removes its segment (and its epoch).
+    state, out = one_shard_step(stage, [*copies, segment("a", 100, "delete_finished", 0)], state)
+    document = json.loads(out.loc[out["row_type"] == REMOTE_LOG, "remote_log"].iloc[0])
+    assert (document["total"], document["epochs"]) == (200, {"1": 200})
+    state, out = one_shard_step(stage, copies, state)
+    assert (out["row_type"] == REMOTE_LOG).sum() == 0  # nothing changed: nothing to write
+
+
+def test_a_batch_decides_with_the_configuration_version_it_pinned() -> None:
+    base = parse_quota_config({"clients": [{"user": "alice", "producer_byte_rate": 1000}]}, "t")
+    log = [
+        encode_change(SetClientQuota(user="alice", values={"producer_byte_rate": 100.0})),
+        encode_change(SetEnforcement(shadow={"produce": True})),
+        encode_change(SetEnforcement(shadow={"produce": False})),
+        encode_change(SetClientQuota(user="alice", values={"exempt": True})),
+    ]
+    reads: list[tuple[int, int]] = []
+
+    def read(start: int, end: int) -> list[bytes]:
+        reads.append((start, end))
+        return log[start:end]
+
+    stage = StageSettings(
+        base,
+        EventBounds(),
+        65_536,
+        shards=1,
+        clock=lambda: BASE / 1000,
+        live_configs=LiveConfigs(base, read),
+    )
+    burst = [json.dumps(produce("alice", "app", 20_000, BASE - 500)).encode()]
+    expected = [  # (version, limit, mode, a timer pending)
+        (0, 1000.0, "enforced", True),
+        (1, 100.0, "enforced", True),
+        (2, 100.0, "shadow", False),
+        (3, 100.0, "enforced", True),
+        (4, None, "exempt", False),
+    ]
+    state = None
+    for version, limit, mode, pending in expected:
+        state, out = one_shard_step(stage, burst, state, version)
+        decision = out[out["row_type"] == USAGE].iloc[0]
+        assert decision["config_version"] == version
+        assert decision["mode"] == mode
+        assert (None if pd.isna(decision["limit"]) else decision["limit"]) == limit
+        timers = out[out["row_type"] == TIMERS].iloc[0]
+        assert timers["timers_pending"] == int(pending)
+    # Each version's records were read once, moving forward from the previous version.
+    assert reads == [(0, 1), (1, 2), (2, 3), (3, 4)]

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -15,12 +16,15 @@ import redis
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
 
-from quotastream import QuotaClient
+from quotastream import Decision, QuotaClient
 from quotastream.keys import release_channel, timers_key
 from state.config import parse_quota_config
 from state.core import QuotaCore
 from state.events import parse_events
+from state.live_config import Change, SetClientQuota, SetEnforcement
+from streaming.config_log import ConfigLog
 from streaming.job import local_spark, start_query
 from streaming.services import LocalService, start_kafka, start_redis
 from streaming.settings import EngineSettings
@@ -49,14 +53,18 @@ def spark() -> Iterator[SparkSession]:
 
 
 def engine_settings(
-    kafka: LocalService, redis_server: LocalService, tmp_path: Path, topic: str
+    kafka: LocalService,
+    redis_server: LocalService,
+    tmp_path: Path,
+    topic: str,
+    shuffle_partitions: int = 2,
 ) -> EngineSettings:
     # The events carry fixed timestamps from 2023: no bounds relative to the wall clock.
     base = EngineSettings.model_validate(
         {
             "events": {"max_past_ms": None, "max_future_ms": None},
             "redis": {"key_prefix": topic},
-            "spark": {"shards": 4},
+            "spark": {"shards": 4, "shuffle_partitions": shuffle_partitions},
         }
     )
     return base.pointed_at(
@@ -67,6 +75,7 @@ def engine_settings(
         topics=[topic],
         starting_offsets="earliest",
         dead_letter_topic=f"{topic}.dead-letter",
+        config_topic=f"{topic}.config",
     )
 
 
@@ -220,3 +229,101 @@ def test_a_silent_throttled_client_is_released_on_time(
     counts = agent.timer_counts()
     assert (counts.pending, counts.fired, counts.cancelled) == (0, 1, 0)
     print(f"release {lateness} ms after until; notice heard {heard_at - decision.until} ms after")
+
+
+def test_live_configuration_changes_reach_decisions_within_two_seconds(
+    spark: SparkSession, kafka: LocalService, redis_server: LocalService, tmp_path: Path
+) -> None:
+    topic = f"live-{uuid.uuid4().hex[:8]}"
+    publish(kafka, topic, [])
+    config = parse_quota_config(
+        {"clients": [{"user": "alice", "producer_byte_rate": 1000}]}, "test config"
+    )
+    # One stateful task per batch: the shortest micro-batches on two cores.
+    settings = engine_settings(kafka, redis_server, tmp_path, topic, shuffle_partitions=1)
+    assert settings.kafka.config_topic is not None
+    config_log = ConfigLog(kafka.address, settings.kafka.config_topic)
+    agent = QuotaClient.connect(redis_server.host, redis_server.port, prefix=topic, config=config)
+    entity = agent.entity_of_client("produce", user="alice", client_id="app", broker=1)
+    query = start_query(spark, settings, config)
+    traffic = SteadyTraffic(kafka, topic, produce("alice", "app", 400, 0))
+    traffic.start()
+    try:
+        # 400 B every 100 ms against 1000 B/s: throttled under the YAML quota (version 0).
+        first = wait_for_decision(agent, entity, query, lambda d: d.config_version == 0, 120)
+        assert (first.limit, first.mode, first.enforced) == (1000.0, "enforced", True)
+        changes: list[tuple[Change, Callable[[Decision], bool]]] = [
+            (
+                SetClientQuota(user="alice", values={"producer_byte_rate": 50_000.0}),
+                lambda d: d.limit == 50_000.0 and d.throttle_ms == 0 and d.enforced,
+            ),
+            (
+                SetClientQuota(user="alice", values={"producer_byte_rate": 500.0}),
+                lambda d: d.limit == 500.0 and d.throttle_ms > 0 and d.enforced,
+            ),
+            (
+                SetEnforcement(shadow={"produce": True}),
+                lambda d: d.mode == "shadow" and d.throttle_ms > 0 and d.throttle_ms_now() == 0,
+            ),
+            (SetEnforcement(enabled=False), lambda d: d.mode == "disabled"),
+            (SetEnforcement(enabled=True, shadow={"produce": False}), lambda d: d.enforced),
+            (SetClientQuota(user="alice", values={"exempt": True}), lambda d: d.mode == "exempt"),
+        ]
+        latencies = []
+        for change, follows in changes:
+            version = config_log.append(change)
+            changed_at = time.monotonic()
+            decision = wait_for_decision(agent, entity, query, decided_with(version), 30)
+            latencies.append(time.monotonic() - changed_at)
+            assert follows(decision), (change, decision)
+    finally:
+        traffic.stop()
+        query.stop()
+        config_log.close()
+    print(f"config change to decision: {', '.join(f'{s * 1000:.0f} ms' for s in latencies)}")
+    assert max(latencies) <= 2.0
+
+
+def decided_with(version: int) -> Callable[[Decision], bool]:
+    def check(decision: Decision) -> bool:
+        return decision.config_version == version
+
+    return check
+
+
+class SteadyTraffic(threading.Thread):
+    """Publishes one event every 100 ms, stamped with the wall clock, until stopped."""
+
+    def __init__(self, kafka: LocalService, topic: str, event: dict[str, Any]) -> None:
+        super().__init__(daemon=True)
+        self._producer = KafkaProducer(bootstrap_servers=kafka.address)
+        self._topic, self._event = topic, event
+        self._stop_requested = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_requested.wait(0.1):
+            event = {**self._event, "ts": int(time.time() * 1000)}
+            self._producer.send(self._topic, json.dumps(event).encode())
+
+    def stop(self) -> None:
+        self._stop_requested.set()
+        self.join()
+        self._producer.close()
+
+
+def wait_for_decision(
+    agent: QuotaClient,
+    entity: str,
+    query: StreamingQuery,
+    wanted: Callable[[Decision], bool],
+    timeout_s: float,
+) -> Decision:
+    """Polls the entity's decision every 20 ms until ``wanted`` holds (or fails the test)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert query.isActive, query.exception()
+        decision = agent.lookup("produce", entity)
+        if decision is not None and wanted(decision):
+            return decision
+        time.sleep(0.02)
+    raise AssertionError(f"no such decision within {timeout_s} s; last: {decision}")

@@ -1,0 +1,165 @@
+"""The live configuration's log: one Kafka topic of change records (``state.live_config``).
+
+The topic has exactly one partition, so its offsets order every change: version ``n`` is the
+YAML configuration plus the records at offsets ``0..n-1``. It is created with infinite retention,
+because a version must stay readable for as long as a checkpoint may replay a batch that used it
+(the same reason Kafka Connect and Schema Registry keep their configuration in such a topic).
+The streaming query pins the version a micro-batch uses in its source offsets, and executors read
+the records they need here, once per process and version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.errors import TopicAlreadyExistsError
+
+from state.config import QuotaConfig
+from state.live_config import Change, LiveConfig, LiveConfigs, encode_change
+from streaming.kafka_clients import new_consumer, true_end_offsets
+
+#: The topic's settings when quotastream creates it: every version stays readable.
+TOPIC_CONFIGS: Final = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
+
+
+class ConfigLogError(RuntimeError):
+    """The configuration topic is missing, misshapen or unreachable."""
+
+
+class ConfigLog:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        client: Mapping[str, Any] | None = None,
+        timeout_ms: int = 10_000,
+    ) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self._client = dict(client or {})
+        self._timeout_ms = timeout_ms
+        self._partition = TopicPartition(topic, 0)
+        self._consumer: KafkaConsumer | None = None
+
+    def ensure_topic(self) -> None:
+        """Creates the topic (one partition, infinite retention) or checks the existing one."""
+        admin = KafkaAdminClient(
+            bootstrap_servers=self.bootstrap_servers.split(","),
+            **self._settings_for(KafkaAdminClient),
+        )
+        try:
+            with contextlib.suppress(TopicAlreadyExistsError):
+                admin.create_topics(
+                    [NewTopic(self.topic, 1, -1, topic_configs=TOPIC_CONFIGS)],
+                    timeout_ms=self._timeout_ms,
+                )
+        finally:
+            admin.close()
+        self._check_partitions()
+
+    def end(self) -> int:
+        """The newest version: how many change records the log holds."""
+        partitions = self._check_partitions()
+        if not partitions:
+            return 0
+        ends = true_end_offsets(self._reader(), [self._partition], self._timeout_ms)
+        return ends[(self.topic, 0)]
+
+    def read(self, start: int, end: int) -> list[bytes]:
+        """The records at offsets ``[start, end)``."""
+        if end <= start:
+            return []
+        consumer = self._reader()
+        consumer.assign([self._partition])
+        consumer.seek(self._partition, start)
+        records: list[bytes] = []
+        deadline = time.monotonic() + self._timeout_ms / 1000
+        while consumer.position(self._partition) < end:
+            if time.monotonic() > deadline:
+                raise ConfigLogError(
+                    f"{self.topic}: config records {start}..{end - 1} not received within "
+                    f"{self._timeout_ms} ms"
+                )
+            batch = consumer.poll(timeout_ms=200).get(self._partition, [])
+            records += [r.value for r in batch if r.offset < end]
+        return records[: end - start]
+
+    def append(self, change: Change) -> int:
+        """Appends a change; returns the version it creates."""
+        producer = KafkaProducer(
+            bootstrap_servers=self.bootstrap_servers.split(","),
+            acks="all",
+            **self._settings_for(KafkaProducer),
+        )
+        try:
+            metadata = producer.send(self.topic, encode_change(change), partition=0).get(
+                timeout=self._timeout_ms / 1000
+            )
+        finally:
+            producer.close()
+        return int(metadata.offset) + 1
+
+    def current(self, base: QuotaConfig) -> LiveConfig:
+        """The newest version of the live configuration over ``base``."""
+        return LiveConfig(0, base).advanced(self.read(0, self.end()))
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def _reader(self) -> KafkaConsumer:
+        if self._consumer is None:
+            self._consumer = new_consumer(self.bootstrap_servers, self._client)
+        return self._consumer
+
+    def _check_partitions(self) -> set[int]:
+        partitions: set[int] = self._reader().partitions_for_topic(self.topic) or set()
+        if len(partitions) > 1:
+            raise ConfigLogError(
+                f"config topic {self.topic!r} has {len(partitions)} partitions; it needs exactly "
+                f"one, so that its offsets order the changes"
+            )
+        return partitions
+
+    def _settings_for(self, client_class: Any) -> dict[str, Any]:
+        """The client settings (security, SASL, ...) that a producer or admin client takes."""
+        return {k: v for k, v in self._client.items() if k in client_class.DEFAULT_CONFIG}
+
+
+@dataclass(frozen=True)
+class ConfigSource:
+    """Where executors find the live configuration's versions (picklable; no connection).
+
+    Version 0 is the YAML configuration itself and needs no Kafka.
+    """
+
+    base: QuotaConfig
+    bootstrap_servers: str = ""
+    topic: str | None = None
+    client: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def at(self, version: int) -> LiveConfig:
+        if version == 0 or self.topic is None:
+            return LiveConfig(0, self.base)
+        return _versions(self).at(version)
+
+
+_VERSIONS: dict[tuple[str, str, str], LiveConfigs] = {}
+
+
+def _versions(source: ConfigSource) -> LiveConfigs:
+    """One cache of versions per process, configuration log and base configuration."""
+    assert source.topic is not None
+    key = (source.bootstrap_servers, source.topic, source.base.model_dump_json())
+    versions = _VERSIONS.get(key)
+    if versions is None:
+        log = ConfigLog(source.bootstrap_servers, source.topic, source.client)
+        versions = _VERSIONS[key] = LiveConfigs(source.base, log.read)
+    return versions
