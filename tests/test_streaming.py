@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from quotastream import Decision, QuotaClient
-from quotastream.keys import release_channel, timers_key
+from quotastream.keys import release_channel, remote_log_key, timers_key
 from state.config import parse_quota_config
 from state.core import QuotaCore
 from state.events import parse_events
@@ -28,7 +28,7 @@ from streaming.config_log import ConfigLog
 from streaming.job import local_spark, start_query
 from streaming.services import LocalService, start_kafka, start_redis
 from streaming.settings import EngineSettings
-from tests.factories import MIXED_QUOTAS, mixed_payloads, produce
+from tests.factories import BASE, MIXED_QUOTAS, mixed_payloads, produce, remote_segment
 
 CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
 
@@ -120,7 +120,18 @@ def test_events_in_kafka_become_decisions_in_redis(
     topic = f"events-{uuid.uuid4().hex[:8]}"
     values = mixed_payloads(7, 600, users=5)
     bad = [b"not json", b'{"kind": "produce", "bytes": -1}', b'{"kind": "teleport", "ts": 1}']
-    publish(kafka, topic, values[:300] + bad + values[300:])
+    ts = BASE + 5000
+    segments = [
+        json.dumps(remote_segment("orders", 3, segment_id, size, state, ts, epoch)).encode()
+        for segment_id, size, state, epoch in [
+            ("a", 100, "copy_finished", 0),
+            ("b", 200, "copy_finished", 1),
+            ("a", 100, "copy_finished", 0),  # redelivered
+            ("c", 400, "delete_finished", 1),  # its copy is later, or was never seen
+            ("c", 400, "copy_finished", 1),
+        ]
+    ]
+    publish(kafka, topic, values[:300] + bad + segments + values[300:])
     settings = engine_settings(kafka, redis_server, tmp_path, topic)
 
     query = start_query(spark, settings, CONFIG, available_now=True)
@@ -131,7 +142,7 @@ def test_events_in_kafka_become_decisions_in_redis(
     expected = final_decisions(values)
     stored: dict[str, dict[str, Any]] = {}
     for key in client.scan_iter(f"{topic}:*"):
-        if key.decode() == timers_key(topic):
+        if key.decode() in (timers_key(topic), remote_log_key(topic, "orders", 3)):
             continue
         value = client.get(key)
         assert isinstance(value, bytes)
@@ -159,6 +170,16 @@ def test_events_in_kafka_become_decisions_in_redis(
     counts = agent.timer_counts()
     assert counts.pending == 0
     assert counts.fired >= len(throttled)
+
+    # Remote log sizes (KIP-852), in one round trip.
+    remote_log = agent.remote_log("orders", 3)
+    assert (remote_log.total, remote_log.size(0), remote_log.size(1), remote_log.size(7)) == (
+        300,
+        100,
+        200,
+        0,
+    )
+    assert [segment for segment, _, _ in remote_log.segments] == ["a", "b"]
 
     rejected = dead_letters(kafka, f"{topic}.dead-letter")
     assert sorted(r["reason"] for r in rejected) == [
@@ -235,7 +256,7 @@ def test_live_configuration_changes_reach_decisions_within_two_seconds(
     spark: SparkSession, kafka: LocalService, redis_server: LocalService, tmp_path: Path
 ) -> None:
     topic = f"live-{uuid.uuid4().hex[:8]}"
-    publish(kafka, topic, [])
+    publish(kafka, topic, [], partitions=1)
     config = parse_quota_config(
         {"clients": [{"user": "alice", "producer_byte_rate": 1000}]}, "test config"
     )
