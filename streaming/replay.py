@@ -51,25 +51,51 @@ def replay(
     batch_lines: int = 65_536,
 ) -> ReplayStats:
     stats = ReplayStats()
-    for first_line, payloads in _batches(events, batch_lines):
-        parsed = parse_events(payloads, bounds, max_payload_bytes)
-        decisions = core.decide(parsed.accepted)
+    for first_line, accepted in accepted_batches(
+        events,
+        stats,
+        dead_letter_out=dead_letter_out,
+        bounds=bounds,
+        max_payload_bytes=max_payload_bytes,
+        batch_lines=batch_lines,
+    ):
+        decisions = core.decide(accepted)
         decisions["line"] = decisions["position"] + first_line
         for column in ("topic", "partition", "replica"):
-            decisions[column] = parsed.accepted[column].to_numpy()
+            decisions[column] = accepted[column].to_numpy()
         _write_lines(decision_lines(decisions), decisions_out)
+    return stats
+
+
+def accepted_batches(
+    events: BinaryIO,
+    stats: ReplayStats,
+    *,
+    dead_letter_out: TextIO,
+    bounds: EventBounds,
+    max_payload_bytes: int,
+    batch_lines: int = 65_536,
+) -> Iterator[tuple[int, pd.DataFrame]]:
+    """Each batch's first line number and accepted events (``state.events``), in file order.
+
+    A batch's rejected lines are written, and the batch counted in ``stats``, when the caller asks
+    for the next one: its dead letters follow its decisions, and ``stats`` is complete once the
+    iterator is exhausted.
+    """
+    for first_line, payloads in _batches(events, batch_lines):
+        parsed = parse_events(payloads, bounds, max_payload_bytes)
+        yield first_line, parsed.accepted
         rejected = parsed.rejected
         _write_lines(
             [_dead_letter_line(row, first_line) for row in rejected.itertuples()], dead_letter_out
         )
         stats.lines += len(payloads)
-        stats.accepted += len(decisions)
+        stats.accepted += len(parsed.accepted)
         stats.rejected += len(rejected)
         for reason, count in rejected["reason"].value_counts().items():
             stats.rejected_by_reason[str(reason)] = stats.rejected_by_reason.get(
                 str(reason), 0
             ) + int(count)
-    return stats
 
 
 def decision_lines(decisions: pd.DataFrame) -> list[str]:
