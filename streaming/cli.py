@@ -11,8 +11,10 @@ from pathlib import Path
 from state.config import load_quota_config
 from state.configfile import ConfigError
 from state.core import QuotaCore
+from streaming.admin import ADMIN_COMMANDS, add_admin_commands, run_admin
 from streaming.replay import replay
 from streaming.settings import load_engine_settings
+from streaming.whatif import BASE_NAME, DEFAULT_TOP, WhatIfError, parse_options, report
 
 EXIT_OK = 0
 EXIT_UNREADABLE_INPUT = 1
@@ -51,6 +53,26 @@ def _parser() -> argparse.ArgumentParser:
     run_replay.add_argument(
         "--batch-size", type=int, default=65_536, metavar="LINES", help=argparse.SUPPRESS
     )
+    run_replay.add_argument(
+        "--what-if",
+        action="append",
+        metavar="NAME=PATH",
+        help="also replay under this alternative quota configuration (repeatable); prints a "
+        "table comparing it with --config (named base) instead of the decisions",
+    )
+    run_replay.add_argument(
+        "--top",
+        type=int,
+        metavar="N",
+        help=f"with --what-if: rows of the table (default {DEFAULT_TOP}), most throttled first",
+    )
+    run_replay.add_argument(
+        "--plot",
+        type=Path,
+        metavar="PATH.png",
+        help="with --what-if: also draw rate and limit over event time of the top counters "
+        "(reads EVENTS twice, so not stdin)",
+    )
 
     run_engine = commands.add_parser(
         "run",
@@ -83,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="decide what the topics hold now, then stop (catch up after downtime, tests)",
     )
+    add_admin_commands(commands)
     return parser
 
 
@@ -92,6 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _replay(args)
     if args.command == "run":
         return _run(args)
+    if args.command in ADMIN_COMMANDS:
+        return run_admin(args)
     raise AssertionError(f"unhandled command {args.command}")  # argparse rejects others
 
 
@@ -99,9 +124,15 @@ def _replay(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         return _fail(EXIT_BAD_CONFIG, f"--batch-size must be >= 1, got {args.batch_size}")
     try:
+        what_if = parse_options(
+            args.what_if, args.top, args.plot, from_stdin=str(args.events) == "-"
+        )
         config = load_quota_config(args.config)
+        alternatives = {
+            name: load_quota_config(path) for name, path in what_if.alternatives.items()
+        }
         settings = load_engine_settings(args.engine_config)
-    except ConfigError as exc:
+    except (ConfigError, WhatIfError) as exc:
         return _fail(EXIT_BAD_CONFIG, str(exc))
     with contextlib.ExitStack() as stack:
         try:
@@ -115,14 +146,28 @@ def _replay(args: argparse.Namespace) -> int:
                 if args.dead_letter
                 else sys.stderr
             )
-            stats = replay(
-                events,
-                core=QuotaCore(config),
-                decisions_out=sys.stdout,
-                dead_letter_out=dead_letter,
-                bounds=settings.events.bounds(args.now),
-                max_payload_bytes=settings.events.max_payload_bytes,
-                batch_lines=args.batch_size,
+            stats = (
+                report(
+                    events,
+                    configs={BASE_NAME: config, **alternatives},
+                    report_out=sys.stdout,
+                    dead_letter_out=dead_letter,
+                    bounds=settings.events.bounds(args.now),
+                    max_payload_bytes=settings.events.max_payload_bytes,
+                    top=what_if.top,
+                    plot=what_if.plot,
+                    batch_lines=args.batch_size,
+                )
+                if alternatives
+                else replay(
+                    events,
+                    core=QuotaCore(config),
+                    decisions_out=sys.stdout,
+                    dead_letter_out=dead_letter,
+                    bounds=settings.events.bounds(args.now),
+                    max_payload_bytes=settings.events.max_payload_bytes,
+                    batch_lines=args.batch_size,
+                )
             )
         except OSError as exc:
             return _fail(EXIT_UNREADABLE_INPUT, f"cannot read or write: {exc}")
