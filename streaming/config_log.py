@@ -146,8 +146,10 @@ class ConfigSource:
     client: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def at(self, version: int) -> LiveConfig:
-        if version == 0 or self.topic is None:
+        if self.topic is None:
             return LiveConfig(0, self.base)
+        # Connects at version 0 already, so that the first change is not the one to wait for
+        # a new consumer's connection and metadata.
         return _versions(self).at(version)
 
 
@@ -161,5 +163,6 @@ def _versions(source: ConfigSource) -> LiveConfigs:
     versions = _VERSIONS.get(key)
     if versions is None:
         log = ConfigLog(source.bootstrap_servers, source.topic, source.client)
+        log.end()
         versions = _VERSIONS[key] = LiveConfigs(source.base, log.read)
     return versions
