@@ -6,7 +6,8 @@ and the usage counter (entity) of every event, records the bytes in that type's
 :class:`~state.rolling.RollingTable` and applies the quota's decision rule:
 
 * produce / fetch (KIP-13): ``throttle_ms``, the delay Kafka would impose;
-* remote_copy (KIP-956): ``throttle_ms`` is how long the next segment upload waits;
+* remote_copy (KIP-956): ``throttle_ms`` is how long the broker's next segment upload waits, and
+  ``partition_wait_ms`` how long the uploading partition's next one waits (``state.copy_fairness``);
 * remote_fetch (KIP-956): ``skip_remote`` when the fetch quota is exceeded;
 * leader / follower replication (KIP-73): no delay; bytes of throttled partitions count (in-sync
   or not) and ``leave_out`` marks a throttled, out-of-sync replica while the rate is over.
@@ -22,12 +23,21 @@ import numpy.typing as npt
 import pandas as pd
 
 from state.config import QuotaConfig
+from state.copy_fairness import (
+    PARTITION_TABLE,
+    Uploads,
+    active_partitions,
+    entity_of,
+    fair_share,
+    partition_keys,
+    partition_wait_ms,
+)
 from state.encoding import StateDecodeError, decode_tables, encode_tables
 from state.entities import broker_keys, client_keys
 from state.events import KIND_DTYPE, ROLE_DTYPE, EventKind
 from state.quota_types import CLIENT_QUOTA_TYPES, WINDOW_RULE, QuotaType
 from state.resolution import NO_LEVEL, ClientPairs, QuotaResolver, Sharing
-from state.rolling import RollingTable, WindowSpec
+from state.rolling import Measurement, RollingTable, WindowSpec
 from state.throttle import throttle_ms
 
 Int64Array = npt.NDArray[np.int64]
@@ -52,7 +62,8 @@ COMMON_COLUMNS = (
 QUOTA_COLUMNS: dict[QuotaType, tuple[str, ...]] = {
     QuotaType.PRODUCE: ("level",),  # 0 where no precedence level applies
     QuotaType.FETCH: ("level",),
-    QuotaType.REMOTE_COPY: (),
+    # The uploading partition and its fair wait; None and 0 for every other quota.
+    QuotaType.REMOTE_COPY: ("partition_key", "partition_wait_ms"),
     QuotaType.REMOTE_FETCH: ("skip_remote",),
     QuotaType.LEADER_REPLICATION: ("throttled", "leave_out"),
     QuotaType.FOLLOWER_REPLICATION: ("throttled", "leave_out"),
@@ -69,6 +80,7 @@ RESOLVED_COLUMNS = (
     "counted_bytes",
     "throttled",
     "in_sync",
+    "partition_key",  # remote_copy: ``<entity>,topic=T,partition=P``; None for other quotas
 )
 DECISION_COLUMNS = (
     "position",
@@ -126,22 +138,26 @@ class _Entities:
 class QuotaCore:
     """Rolling windows for every quota type, and the rules that turn them into decisions."""
 
-    def __init__(self, config: QuotaConfig, tables: dict[QuotaType, RollingTable] | None = None):
+    def __init__(
+        self,
+        config: QuotaConfig,
+        tables: dict[QuotaType, RollingTable] | None = None,
+        copy_partitions: RollingTable | None = None,
+    ):
         self.config = config
         self.resolver = QuotaResolver(config)
         self.tables = tables if tables is not None else self.empty_tables(config)
+        #: Per-partition remote_copy usage (``partition_key`` entities), for the fair wait.
+        self.copy_partitions = (
+            copy_partitions
+            if copy_partitions is not None
+            else RollingTable(_window_spec(config, QuotaType.REMOTE_COPY))
+        )
 
     @staticmethod
     def empty_tables(config: QuotaConfig) -> dict[QuotaType, RollingTable]:
         return {
-            quota_type: RollingTable(
-                WindowSpec(
-                    samples=config.quota_types.of(quota_type).samples,
-                    window_ms=config.quota_types.of(quota_type).window_ms,
-                    rule=WINDOW_RULE[quota_type],
-                )
-            )
-            for quota_type in QuotaType
+            quota_type: RollingTable(_window_spec(config, quota_type)) for quota_type in QuotaType
         }
 
     @classmethod
@@ -150,21 +166,17 @@ class QuotaCore:
         stored = decode_tables(state)
         tables = cls.empty_tables(config)
         for quota_type, empty in tables.items():
-            table = stored.get(quota_type.value)
-            if table is None:
-                continue
-            if table.spec != empty.spec:
-                raise StateDecodeError(
-                    f"{quota_type.value} state was kept with {table.spec.samples} samples of "
-                    f"{table.spec.window_ms} ms, the configuration says {empty.spec.samples} of "
-                    f"{empty.spec.window_ms} ms"
-                )
-            tables[quota_type] = table
-        return cls(config, tables)
+            tables[quota_type] = _stored(stored, quota_type.value, empty)
+        # State kept before the per-partition table existed restores with an empty one.
+        copy_partitions = _stored(
+            stored, PARTITION_TABLE, RollingTable(_window_spec(config, QuotaType.REMOTE_COPY))
+        )
+        return cls(config, tables, copy_partitions)
 
     def encode_state(self) -> bytes:
         """Every table of this core as one compact blob (for one state store value)."""
-        return encode_tables({quota_type.value: table for quota_type, table in self.tables.items()})
+        named = {quota_type.value: table for quota_type, table in self.tables.items()}
+        return encode_tables({**named, PARTITION_TABLE: self.copy_partitions})
 
     def decide(self, events: pd.DataFrame) -> pd.DataFrame:
         """Record ``events`` (input order) and return one decision per event, same order."""
@@ -186,6 +198,8 @@ class QuotaCore:
         # categorical column at the end: no per-event string handling.
         entity_code = np.full(size, -1, dtype=np.int64)
         distinct_keys: list[ObjectArray] = []
+        partition_code = np.full(size, -1, dtype=np.int64)
+        partition_names = np.zeros(0, dtype=object)
         for code, quota_type in enumerate(_QUOTA_TYPES):
             rows = np.flatnonzero(quota_codes == code)
             if not len(rows):
@@ -195,6 +209,8 @@ class QuotaCore:
             distinct_keys.append(entities.keys)
             limit[rows] = entities.limit
             level[rows] = entities.level
+            if quota_type is QuotaType.REMOTE_COPY:
+                partition_code[rows], partition_names = _copy_partitions(entities, rows, columns)
             if quota_type in _REPLICATION:
                 in_list = self.resolver.replica_throttled(
                     leader=np.full(len(rows), quota_type is QuotaType.LEADER_REPLICATION),
@@ -217,6 +233,9 @@ class QuotaCore:
                 "counted_bytes": counted,
                 "throttled": throttled,
                 "in_sync": columns["in_sync"].astype(np.bool_, copy=False),
+                "partition_key": _from_codes(
+                    partition_code, pd.Index(partition_names, dtype=object)
+                ),
             },
             columns=list(RESOLVED_COLUMNS),
         )
@@ -232,6 +251,7 @@ class QuotaCore:
         counted = resolved["counted_bytes"].to_numpy().astype(np.int64, copy=False)
         limit = resolved["limit"].to_numpy().astype(np.float64, copy=False)
         exceeded = np.zeros(size, dtype=np.bool_)
+        partition_key = resolved["partition_key"].array
         out: dict[str, Any] = {
             "position": resolved["position"].to_numpy(),
             "ts": ts,
@@ -248,6 +268,8 @@ class QuotaCore:
             "throttled": resolved["throttled"].to_numpy(),
             "leave_out": np.zeros(size, dtype=np.bool_),
             "skip_remote": np.zeros(size, dtype=np.bool_),
+            "partition_key": partition_key,
+            "partition_wait_ms": np.zeros(size, dtype=np.int64),
         }
         for code, quota_type in enumerate(_QUOTA_TYPES):
             rows = np.flatnonzero(quota_codes == code)
@@ -263,6 +285,10 @@ class QuotaCore:
             out["throttle_ms"][rows] = throttle_ms(rate, limit[rows], measured.window_size_ms)
             out["window_ms"][rows] = measured.window_size_ms
             out["late"][rows] = ~measured.recorded
+            if quota_type is QuotaType.REMOTE_COPY:
+                out["partition_wait_ms"][rows] = self._partition_wait(
+                    resolved.iloc[rows], measured, out["throttle_ms"][rows]
+                )
         replication = np.isin(quota_codes, [_QUOTA_TYPES.index(q) for q in _REPLICATION])
         in_sync = resolved["in_sync"].to_numpy().astype(np.bool_, copy=False)
         out["leave_out"] = replication & out["throttled"] & ~in_sync & exceeded
@@ -271,9 +297,65 @@ class QuotaCore:
 
     def evict_idle(self, horizon_ms: int) -> int:
         """Forget entities whose windows are empty at ``horizon_ms``; returns how many."""
-        return sum(table.evict_idle(horizon_ms) for table in self.tables.values())
+        tables = [*self.tables.values(), self.copy_partitions]
+        return sum(table.evict_idle(horizon_ms) for table in tables)
 
     # ------------------------------------------------------------------ internals
+    def _partition_wait(
+        self, copies: pd.DataFrame, broker: Measurement, broker_throttle: Int64Array
+    ) -> Int64Array:
+        """``partition_wait_ms`` of resolved remote_copy rows whose broker was just measured.
+
+        Records the keyed rows in the per-partition table; rows without a partition key wait
+        for the broker only.
+        """
+        wait = broker_throttle.copy()
+        key = copies["partition_key"].astype("category").cat
+        key_codes = key.codes.to_numpy()
+        keyed = np.flatnonzero(key_codes >= 0)
+        if not len(keyed):
+            return wait
+        entity = copies["entity"].astype("category").cat
+        group, group_names = _codes_of(entity.codes.to_numpy()[keyed], entity.categories)
+        partition, partition_names = _codes_of(key_codes[keyed], key.categories)
+        table = self.copy_partitions
+        window, samples = table.spec.window_ms, table.spec.samples
+        # The partitions of this batch's broker entities as they stood before it (copied: the
+        # table updates clocks in place). Numbered after this batch's partitions if not in it.
+        stored_keys, stored_clock, _, _ = table.columns()
+        stored_entity = pd.Index(entity_of(stored_keys.to_numpy(object)), dtype=object)
+        stored_group = pd.Index(group_names).get_indexer(stored_entity)
+        known = np.flatnonzero(stored_group >= 0)
+        known_partition = pd.Index(partition_names).get_indexer(stored_keys[known])
+        unseen = known_partition < 0
+        known_partition[unseen] = len(partition_names) + np.arange(np.count_nonzero(unseen))
+        known_sample = stored_clock[known] // window
+        measured = table.record_and_measure(
+            partition_names,
+            partition,
+            copies["ts"].to_numpy(dtype=np.int64)[keyed],
+            copies["counted_bytes"].to_numpy(dtype=np.int64)[keyed],
+        )
+        active = active_partitions(
+            Uploads(
+                group=group,
+                partition=partition,
+                low=broker.clock_ms[keyed] // window - samples + 1,
+                sample=measured.clock_ms // window,
+                known_group=stored_group[known].astype(np.int64),
+                known_partition=known_partition.astype(np.int64),
+                known_sample=known_sample,
+            )
+        )
+        limit = copies["limit"].to_numpy(dtype=np.float64)[keyed]
+        wait[keyed] = partition_wait_ms(
+            broker_throttle[keyed],
+            measured.rate,
+            fair_share(limit, active),
+            measured.window_size_ms,
+        )
+        return wait
+
     def _entities(
         self, quota_type: QuotaType, rows: Int64Array, columns: dict[str, npt.NDArray[np.generic]]
     ) -> _Entities:
@@ -340,6 +422,46 @@ class QuotaCore:
         return _Entities(broker_keys(None, size=1), of_event, limit, level)
 
 
+def _copy_partitions(
+    entities: _Entities, rows: Int64Array, columns: dict[str, npt.NDArray[np.generic]]
+) -> tuple[Int64Array, ObjectArray]:
+    """Per remote_copy event: index into the distinct partition keys, and those keys."""
+    topics = columns["topic"][rows].astype(object, copy=False)
+    partitions = columns["partition"][rows].astype(np.int64, copy=False)
+    topic_code, topic_names = _codes(topics)
+    number_code, numbers = _codes(partitions)
+    of_event, first = _combine(
+        [
+            (entities.of_event, len(entities.keys)),
+            (topic_code, len(topic_names)),
+            (number_code, len(numbers)),
+        ]
+    )
+    keys = partition_keys(entities.keys[entities.of_event[first]], topics[first], partitions[first])
+    return of_event, keys
+
+
+def _window_spec(config: QuotaConfig, quota_type: QuotaType) -> WindowSpec:
+    settings = config.quota_types.of(quota_type)
+    return WindowSpec(
+        samples=settings.samples, window_ms=settings.window_ms, rule=WINDOW_RULE[quota_type]
+    )
+
+
+def _stored(stored: dict[str, RollingTable], name: str, empty: RollingTable) -> RollingTable:
+    """The decoded table ``name``, or ``empty`` if the state has none; refuses other windows."""
+    table = stored.get(name)
+    if table is None:
+        return empty
+    if table.spec != empty.spec:
+        raise StateDecodeError(
+            f"{name} state was kept with {table.spec.samples} samples of "
+            f"{table.spec.window_ms} ms, the configuration says {empty.spec.samples} of "
+            f"{empty.spec.window_ms} ms"
+        )
+    return table
+
+
 def _quota_codes(kinds: pd.Series, roles: pd.Series) -> Int64Array:
     """Index into ``_QUOTA_TYPES`` per event, -1 for events no quota measures."""
     kind_codes = kinds.astype(KIND_DTYPE).cat.codes.to_numpy()
@@ -368,6 +490,14 @@ def _from_codes(codes: Int64Array, categories: pd.Index) -> pd.Categorical:
 def _codes(values: npt.NDArray[np.generic]) -> tuple[Int64Array, ObjectArray]:
     codes, distinct = pd.factorize(values)
     return codes.astype(np.int64), np.asarray(distinct)
+
+
+def _codes_of(
+    codes: npt.NDArray[np.integer], categories: pd.Index
+) -> tuple[Int64Array, ObjectArray]:
+    """Like :func:`_codes` for the values of categorical codes (none of them -1)."""
+    of_value, distinct = pd.factorize(codes)
+    return of_value.astype(np.int64), categories.to_numpy(dtype=object)[distinct]
 
 
 def _combine(columns: list[tuple[Int64Array, int]]) -> tuple[Int64Array, Int64Array]:

@@ -53,6 +53,7 @@ STAGE_SCHEMA = pa.schema(
         ("events", pa.int64()),
         ("limit", pa.float64()),
         ("level", pa.int32()),
+        ("partition_key", pa.string()),  # remote_copy: the uploading partition
         ("topic", pa.string()),  # rejects: where the payload came from
         ("partition", pa.int32()),
         ("offset", pa.int64()),
@@ -166,9 +167,12 @@ def _usage(
             "limit": measured["limit"].to_numpy(),
             "level": measured["level"].to_numpy(),
             "mode": _modes(measured, config),
+            # remote_copy is summed per partition too: the fair wait needs each one's usage.
+            "partition_key": measured["partition_key"].astype(object).fillna("").to_numpy(),
         }
     )
-    summed = frame.groupby(["quota", "entity", "sample"], sort=False, observed=True).agg(
+    keys = ["quota", "entity", "partition_key", "sample"]
+    summed = frame.groupby(keys, sort=False, observed=True).agg(
         ts=("ts", "max"),
         counted_bytes=("counted_bytes", "sum"),
         events=("ts", "size"),
@@ -177,6 +181,9 @@ def _usage(
         mode=("mode", "first"),
     )
     summed = summed.reset_index().drop(columns="sample")
+    keyed = summed["partition_key"].to_numpy(dtype=object)
+    keyed[keyed == ""] = None  # back from the group key to "no partition"
+    summed["partition_key"] = keyed
     summed["config_version"] = version
     summed.insert(0, "row_type", USAGE)
     summed.insert(1, "shard", shard_of(summed["entity"], settings.shards))
@@ -440,15 +447,22 @@ def _record(core: QuotaCore, usage: pd.DataFrame) -> pd.DataFrame:
             "counted_bytes": usage["counted_bytes"].to_numpy(dtype=np.int64),
             "throttled": np.zeros(len(usage), dtype=np.bool_),
             "in_sync": np.zeros(len(usage), dtype=np.bool_),
+            "partition_key": usage["partition_key"].to_numpy(dtype=object),
         }
     )
     decided = core.record(resolved).assign(
         config_version=usage["config_version"].to_numpy(dtype=np.int64),
         mode=usage["mode"].to_numpy(dtype=object),
     )
-    latest = decided.assign(
+    decided = decided.assign(
         quota=decided["quota"].astype(str), entity=decided["entity"].astype(str)
-    ).drop_duplicates(["quota", "entity"], keep="last")
+    )
+    # A remote_copy decision is also published per partition: its fair wait (docs/semantics.md).
+    copies = decided[decided["partition_key"].notna()]
+    per_partition = copies.assign(
+        entity=copies["partition_key"].astype(str), throttle_ms=copies["partition_wait_ms"]
+    )
+    latest = pd.concat([decided, per_partition]).drop_duplicates(["quota", "entity"], keep="last")
     latest = latest.assign(until=latest["ts"] + latest["throttle_ms"])
     return latest[_DECISION_FIELDS].reset_index(drop=True)
 

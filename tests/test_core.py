@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 from hypothesis import given, settings
@@ -9,9 +11,9 @@ from hypothesis import strategies as st
 
 from state.config import parse_quota_config
 from state.core import RESOLVED_COLUMNS, QuotaCore
-from state.encoding import StateDecodeError
+from state.encoding import StateDecodeError, encode_tables
 from state.events import parse_events
-from tests.factories import MIXED_QUOTAS, mixed_payloads
+from tests.factories import BASE, MIXED_QUOTAS, mixed_payloads, produce, remote
 
 CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
 
@@ -57,3 +59,38 @@ def test_restore_refuses_state_kept_with_other_windows() -> None:
     other = parse_quota_config({"quota_types": {"produce": {"samples": 5}}}, "other")
     with pytest.raises(StateDecodeError, match="produce state was kept with 11 samples"):
         QuotaCore.restore(other, core.encode_state())
+
+
+# ---------------------------------------------------------------------------- fair remote copy
+def copies() -> pd.DataFrame:
+    payloads = [
+        json.dumps(remote("remote_copy", broker, 3000, BASE + 500 * i, "logs", i % 3)).encode()
+        for i, broker in enumerate([1, 1, 2, 1, 2, 1])
+    ]
+    payloads.append(json.dumps(produce("u", "c", 10, BASE)).encode())
+    return parse_events(payloads).accepted
+
+
+def test_resolve_keys_remote_copies_by_partition_and_nothing_else() -> None:
+    resolved = QuotaCore(CONFIG).resolve(copies())
+    assert resolved["partition_key"].tolist()[:3] == [
+        "broker=1,topic=logs,partition=0",
+        "broker=1,topic=logs,partition=1",
+        "broker=2,topic=logs,partition=2",
+    ]
+    assert pd.isna(resolved["partition_key"].iloc[-1])
+
+
+def test_partition_table_is_kept_restored_and_evicted_with_the_others() -> None:
+    core = QuotaCore(CONFIG)
+    core.decide(copies())
+    assert len(core.copy_partitions) == 5  # broker 1: partitions 0, 1, 2; broker 2: 1, 2
+    restored = QuotaCore.restore(CONFIG, core.encode_state())
+    assert list(restored.copy_partitions.keys) == list(core.copy_partitions.keys)
+    # State kept before the partition table existed restores with an empty one.
+    old = encode_tables({quota.value: table for quota, table in core.tables.items()})
+    assert len(QuotaCore.restore(CONFIG, old).copy_partitions) == 0
+    # Every window is empty 11 s after the last event: the produce and remote_copy entities and
+    # the partitions go alike.
+    assert core.evict_idle(BASE + 2500 + 11_000) == 1 + 2 + 5
+    assert len(core.copy_partitions) == 0

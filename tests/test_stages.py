@@ -97,9 +97,16 @@ def final_by_replay(values: list[bytes]) -> pd.DataFrame:
         quota=decided["quota"].astype(str), entity=decided["entity"].astype(str)
     )
     decided = decided[decided["quota"] != "nan"]
+    # Each uploading partition also has a decision of its own: its fair wait.
+    copies = decided[decided["partition_key"].notna()]
+    partitions = copies.assign(
+        entity=copies["partition_key"].astype(str), throttle_ms=copies["partition_wait_ms"]
+    )
     # The decision at each entity's clock: its latest event time, after all events.
-    return decided.sort_values("ts", kind="stable").drop_duplicates(
-        ["quota", "entity"], keep="last"
+    return (
+        pd.concat([decided, partitions])
+        .sort_values("ts", kind="stable")
+        .drop_duplicates(["quota", "entity"], keep="last")
     )
 
 
