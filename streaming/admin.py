@@ -613,12 +613,7 @@ def _wrong_key(key: str, entity: _Entity) -> str:
 
 
 def _rate(key: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise _bad(f"{key}={text!r}: not a number (bytes per second)") from None
-    if not math.isfinite(value):
-        raise _bad(f"{key}={text}: must be a finite number of bytes per second")
+    value = _finite(text, key, " (bytes per second)")
     if value <= 0:
         raise _bad(
             f"{key}={text}: must be > 0 (an unset quota is unlimited: 'quota delete' removes one)"
@@ -1007,14 +1002,17 @@ def _enforcement_shadow(admin: _Admin) -> int:
 
 # ------------------------------------------------------------------------------------ replication
 def _number(text: str | None, option: str) -> float | None:
-    if text is None:
-        return None
+    return None if text is None else _finite(text, option, "")
+
+
+def _finite(text: str, what: str, unit: str) -> float:
+    """A finite float from the command line; the error names the option (or key) and value."""
     try:
         value = float(text)
     except ValueError:
-        raise _bad(f"{option} {text!r} is not a number") from None
+        raise _bad(f"{what} {text!r} is not a number{unit}") from None
     if not math.isfinite(value):
-        raise _bad(f"{option} must be a finite number, got {text}")
+        raise _bad(f"{what} must be a finite number{unit}, got {text}")
     return value
 
 

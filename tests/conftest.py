@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,12 +12,27 @@ import yaml
 from hypothesis import settings
 
 from streaming.cli import main
+from streaming.services import LocalService, start_kafka, start_redis
 
 # CI runs the same examples every time so that a red build always reproduces; locally, hypothesis
 # explores new ones on each run.
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+@pytest.fixture(scope="module")
+def kafka() -> Iterator[LocalService]:
+    """A Kafka-compatible broker (tansu) on a free loopback port, one per test module."""
+    with start_kafka() as service:
+        yield service
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[LocalService]:
+    """A real Redis (or Valkey) server on a free loopback port, one per test module."""
+    with start_redis() as service:
+        yield service
 
 
 @dataclass

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,7 +18,7 @@ from state.config import load_quota_config
 from state.live_config import DeleteClientQuota
 from streaming.cli import main
 from streaming.config_log import ConfigLog
-from streaming.services import LocalService, free_port, start_kafka, start_redis
+from streaming.services import LocalService, free_port
 from streaming.sinks import SinkSettings, write_batches
 from streaming.stages import DECISION_SCHEMA, USAGE
 
@@ -38,18 +37,6 @@ QUOTAS: dict[str, Any] = {
         3: {"remote.log.manager.copy.max.bytes.per.second": 900},
     },
 }
-
-
-@pytest.fixture(scope="module")
-def kafka() -> Iterator[LocalService]:
-    with start_kafka() as service:
-        yield service
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[LocalService]:
-    with start_redis() as service:
-        yield service
 
 
 @dataclass

@@ -26,23 +26,11 @@ from state.events import parse_events
 from state.live_config import Change, SetClientQuota, SetEnforcement
 from streaming.config_log import ConfigLog
 from streaming.job import local_spark, start_query
-from streaming.services import LocalService, start_kafka, start_redis
+from streaming.services import LocalService
 from streaming.settings import EngineSettings
 from tests.factories import BASE, MIXED_QUOTAS, mixed_payloads, produce, remote_segment
 
 CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
-
-
-@pytest.fixture(scope="module")
-def kafka() -> Iterator[LocalService]:
-    with start_kafka() as service:
-        yield service
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[LocalService]:
-    with start_redis() as service:
-        yield service
 
 
 @pytest.fixture(scope="module")
