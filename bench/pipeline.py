@@ -34,6 +34,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 from results import record  # bench/ is on sys.path when a script in it runs
 
+from quotastream.client import decision_keys
 from state.config import parse_quota_config
 from state.events import EventBounds
 from streaming.job import local_spark, start_query
@@ -193,7 +194,7 @@ def latency(
     samples: list[int] = []
     warmup_until = time.time() + 20  # Spark's first batches start Python workers
     while thread.is_alive():
-        keys = list(client.scan_iter(f"{topic}:*", count=10_000))
+        keys = decision_keys(client, topic)
         values = client.mget(keys) if keys else []
         assert isinstance(values, list)
         observed = int(time.time() * 1000)

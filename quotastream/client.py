@@ -10,7 +10,13 @@ from typing import Any, cast
 import pandas as pd
 import redis
 
-from quotastream.keys import decision_key, release_channel, remote_log_key, timers_key
+from quotastream.keys import (
+    decision_key,
+    decision_patterns,
+    release_channel,
+    remote_log_key,
+    timers_key,
+)
 from state.config import QuotaConfig
 from state.core import QuotaCore
 from state.events import parse_events
@@ -45,6 +51,15 @@ class Decision:
             return 0
         now = int(time.time() * 1000) if now_ms is None else now_ms
         return max(self.until - now, 0)
+
+
+def decision_keys(client: redis.Redis, prefix: str) -> list[bytes]:
+    """Every decision key under ``prefix`` (a scan: for dashboards and tests, not agents)."""
+    return [
+        key
+        for pattern in decision_patterns(prefix)
+        for key in client.scan_iter(pattern, count=10_000)
+    ]
 
 
 @dataclass(frozen=True)

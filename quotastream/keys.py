@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from state.quota_types import QuotaType
+
 
 def decision_key(prefix: str, quota: str, entity: str) -> str:
     """The key holding an entity's latest decision."""
@@ -21,3 +23,8 @@ def timers_key(prefix: str) -> str:
 def remote_log_key(prefix: str, topic: str, partition: int) -> str:
     """The key holding a partition's remote log sizes (KIP-852)."""
     return f"{prefix}:remote_log_size:{topic}:{partition}"
+
+
+def decision_patterns(prefix: str) -> list[str]:
+    """``SCAN MATCH`` patterns that find every decision key, and nothing else."""
+    return [f"{prefix}:{quota.value}:*" for quota in QuotaType]

@@ -14,6 +14,8 @@ from typing import Any
 import redis
 from rich.table import Table
 
+from quotastream.client import decision_keys
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -56,7 +58,7 @@ class Snapshot:
 
 
 def snapshot(client: redis.Redis, prefix: str) -> Snapshot:
-    keys = list(client.scan_iter(f"{prefix}:*", count=1000))
+    keys = decision_keys(client, prefix)
     values = client.mget(keys) if keys else []
     assert isinstance(values, list)
     return Snapshot([json.loads(value) for value in values if value is not None])

@@ -18,11 +18,10 @@ import yaml
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from quotastream.keys import timers_key
+from quotastream.client import decision_keys
 from state.config import load_quota_config
-from state.core import QuotaCore
-from state.events import parse_events
 from streaming.services import LocalService, start_kafka, start_redis
+from tests.expected import by_key, final_decisions
 from tests.factories import MIXED_QUOTAS, mixed_payloads
 
 
@@ -125,18 +124,16 @@ def test_kill_minus_nine_mid_stream_then_restart_matches_a_batch_recomputation(
     assert commits(checkpoint) > done_before_kill
 
     config = load_quota_config(tmp_path / "quotas.yaml")
-    accepted = parse_events(values).accepted.sort_values("ts", kind="stable", ignore_index=True)
-    expected: dict[str, dict[str, Any]] = {}
-    for row in QuotaCore(config).decide(accepted).to_dict(orient="records"):
-        expected[f"restart:{row['quota']}:{row['entity']}"] = {str(k): v for k, v in row.items()}
+    expected = {
+        f"restart:{quota}:{entity}": row
+        for (quota, entity), row in by_key(final_decisions(values, config)).items()
+    }
     client = redis.Redis(host=redis_server.host, port=redis_server.port)
     stored: dict[str, dict[str, Any]] = {}
-    for key in client.scan_iter("restart:*"):
-        if key.decode() == timers_key("restart"):
-            continue
-        raw = client.get(key)
+    for raw_key in decision_keys(client, "restart"):
+        raw = client.get(raw_key)
         assert isinstance(raw, bytes)
-        stored[key.decode()] = json.loads(raw)
+        stored[raw_key.decode()] = json.loads(raw)
     assert stored.keys() == expected.keys()
     for key, want in expected.items():
         assert stored[key]["rate"] == pytest.approx(want["rate"]), key

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from state.config import parse_quota_config
 from state.core import QuotaCore
-from state.events import EventBounds, parse_events
+from state.events import EventBounds
 from state.live_config import (
     LiveConfigs,
     SetClientQuota,
@@ -33,6 +33,7 @@ from streaming.stages import (
     update_shard,
     usage_batches,
 )
+from tests.expected import final_decisions
 from tests.factories import BASE, MIXED_QUOTAS, mixed_payloads, produce, remote_segment
 
 CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
@@ -88,28 +89,6 @@ def run_stages(micro_batches: list[list[bytes]]) -> tuple[pd.DataFrame, dict[int
     return pd.DataFrame(latest.values()), states
 
 
-def final_by_replay(values: list[bytes]) -> pd.DataFrame:
-    # Final windows do not depend on arrival order; in time order, each entity's last event
-    # is decided after all of its events.
-    events = parse_events(values).accepted.sort_values("ts", kind="stable", ignore_index=True)
-    decided = QuotaCore(CONFIG).decide(events)
-    decided = decided.assign(
-        quota=decided["quota"].astype(str), entity=decided["entity"].astype(str)
-    )
-    decided = decided[decided["quota"] != "nan"]
-    # Each uploading partition also has a decision of its own: its fair wait.
-    copies = decided[decided["partition_key"].notna()]
-    partitions = copies.assign(
-        entity=copies["partition_key"].astype(str), throttle_ms=copies["partition_wait_ms"]
-    )
-    # The decision at each entity's clock: its latest event time, after all events.
-    return (
-        pd.concat([decided, partitions])
-        .sort_values("ts", kind="stable")
-        .drop_duplicates(["quota", "entity"], keep="last")
-    )
-
-
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 10**6), cuts=st.lists(st.integers(1, 299), max_size=4))
 def test_streaming_stages_reach_the_same_final_decisions_as_replay(
@@ -119,7 +98,7 @@ def test_streaming_stages_reach_the_same_final_decisions_as_replay(
     bounds = [0, *sorted(set(cuts)), len(values)]
     micro_batches = [values[a:b] for a, b in itertools.pairwise(bounds) if b > a]
     streamed, _ = run_stages(micro_batches)
-    expected = final_by_replay(values)
+    expected = final_decisions(values, CONFIG)
     key = ["quota", "entity"]
     got = streamed.set_index(key).sort_index()
     want = expected.set_index(key).sort_index()

@@ -19,15 +19,15 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from quotastream import Decision, QuotaClient
-from quotastream.keys import release_channel, remote_log_key, timers_key
+from quotastream.client import decision_keys
+from quotastream.keys import release_channel
 from state.config import parse_quota_config
-from state.core import QuotaCore
-from state.events import parse_events
 from state.live_config import Change, SetClientQuota, SetEnforcement
 from streaming.config_log import ConfigLog
 from streaming.job import local_spark, start_query
 from streaming.services import LocalService
 from streaming.settings import EngineSettings
+from tests.expected import by_key, final_decisions
 from tests.factories import BASE, MIXED_QUOTAS, mixed_payloads, produce, remote_segment
 
 CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
@@ -78,16 +78,6 @@ def publish(kafka: LocalService, topic: str, values: list[bytes], partitions: in
     producer.close()
 
 
-def final_decisions(values: list[bytes]) -> dict[tuple[str, str], dict[str, Any]]:
-    """The core's decision at each entity's clock after all events (replay, in time order)."""
-    events = parse_events(values).accepted.sort_values("ts", kind="stable", ignore_index=True)
-    decided = QuotaCore(CONFIG).decide(events)
-    latest: dict[tuple[str, str], dict[str, Any]] = {}
-    for row in decided.to_dict(orient="records"):
-        latest[(str(row["quota"]), str(row["entity"]))] = {str(k): v for k, v in row.items()}
-    return latest
-
-
 def batch_start_ms(progress: dict[str, Any]) -> int:
     return int(datetime.fromisoformat(progress["timestamp"]).timestamp() * 1000)
 
@@ -127,11 +117,9 @@ def test_events_in_kafka_become_decisions_in_redis(
     assert query.exception() is None
 
     client = redis.Redis(host=redis_server.host, port=redis_server.port)
-    expected = final_decisions(values)
+    expected = by_key(final_decisions(values, CONFIG))
     stored: dict[str, dict[str, Any]] = {}
-    for key in client.scan_iter(f"{topic}:*"):
-        if key.decode() in (timers_key(topic), remote_log_key(topic, "orders", 3)):
-            continue
+    for key in decision_keys(client, topic):
         value = client.get(key)
         assert isinstance(value, bytes)
         stored[key.decode()] = json.loads(value)

@@ -1,0 +1,42 @@
+"""What the streaming engine should end with: the replay core's final decision per Redis key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from state.config import QuotaConfig
+from state.core import QuotaCore
+from state.events import parse_events
+
+
+def final_decisions(values: list[bytes], config: QuotaConfig) -> pd.DataFrame:
+    """The latest decision per (quota, entity) after every event, as the engine publishes them.
+
+    Final windows do not depend on arrival order, so replaying in time order puts each entity's
+    decision at its clock last. Each uploading partition's fair wait is a decision of its own.
+    """
+    events = parse_events(values).accepted.sort_values("ts", kind="stable", ignore_index=True)
+    decided = QuotaCore(config).decide(events)
+    decided = decided.assign(
+        quota=decided["quota"].astype(str), entity=decided["entity"].astype(str)
+    )
+    decided = decided[decided["quota"] != "nan"]
+    copies = decided[decided["partition_key"].notna()]
+    partitions = copies.assign(
+        entity=copies["partition_key"].astype(str), throttle_ms=copies["partition_wait_ms"]
+    )
+    return (
+        pd.concat([decided, partitions])
+        .sort_values("ts", kind="stable")
+        .drop_duplicates(["quota", "entity"], keep="last")
+        .reset_index(drop=True)
+    )
+
+
+def by_key(decisions: pd.DataFrame) -> dict[tuple[str, str], dict[str, Any]]:
+    return {
+        (str(row["quota"]), str(row["entity"])): {str(k): v for k, v in row.items()}
+        for row in decisions.to_dict(orient="records")
+    }
