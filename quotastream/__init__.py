@@ -4,9 +4,22 @@ from quotastream import QuotaClient
 client = QuotaClient.connect("127.0.0.1", 6379, config=load_quota_config(path))
 decision = client.for_client("produce", user="alice", client_id="app1", broker=1)
 if decision and decision.throttle_ms_now() > 0: ...
+
+Agents that must not stall when Redis does use ``CachedQuotaClient`` (``docs/agents.md``).
 """
 
+from quotastream.cache import Answer, CachedQuotaClient, CacheSettings, FailurePolicy, Source
 from quotastream.client import Decision, QuotaClient, RemoteLog
 from state.throttle_timers import TimerStats
 
-__all__ = ["Decision", "QuotaClient", "RemoteLog", "TimerStats"]
+__all__ = [
+    "Answer",
+    "CacheSettings",
+    "CachedQuotaClient",
+    "Decision",
+    "FailurePolicy",
+    "QuotaClient",
+    "RemoteLog",
+    "Source",
+    "TimerStats",
+]

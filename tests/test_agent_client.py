@@ -1,0 +1,354 @@
+"""The agents' cached client and the Redis ACL users, against a real Redis (no mocks)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import redis
+from prometheus_client import CollectorRegistry
+
+from quotastream import (
+    CachedQuotaClient,
+    CacheSettings,
+    FailurePolicy,
+    QuotaClient,
+    Source,
+)
+from quotastream.acl import (
+    AGENT_USER,
+    ENGINE_USER,
+    agent_acl,
+    engine_acl,
+    set_user,
+    setuser_command,
+)
+from quotastream.keys import release_channel
+from streaming import sinks
+from streaming.services import LocalService, redis_binary, start_redis
+from streaming.sinks import SinkSettings, write_batches
+from streaming.stages import DECISION_SCHEMA
+from tests.test_redis_contract import CONFIG, decision_row
+
+PREFIX = "agents"
+ENTITY = "user=alice,broker=1"
+
+
+class FakeClock:
+    """Monotonic seconds that move only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance_ms(self, ms: int) -> None:
+        self.now += ms / 1000
+
+
+def write(
+    service: LocalService, rows: list[dict[str, object]], password: str | None = None
+) -> None:
+    sink = SinkSettings(service.host, service.port, key_prefix=PREFIX, redis_password=password)
+    batch = pa.RecordBatch.from_pylist(rows, schema=DECISION_SCHEMA)
+    (counts,) = write_batches(iter([batch]), sink)
+    assert counts.to_pylist() == [{"decisions": len(rows), "rejects": 0}]
+
+
+def get_calls(admin: redis.Redis) -> int:
+    """How many GETs the server ran (``INFO commandstats``): round trips, counted server-side."""
+    stats = admin.info("commandstats")
+    assert isinstance(stats, dict)
+    return int(stats.get("cmdstat_get", {"calls": 0})["calls"])
+
+
+def cached(
+    service: LocalService,
+    clock: FakeClock,
+    registry: CollectorRegistry | None = None,
+    **settings: Any,
+) -> CachedQuotaClient:
+    return CachedQuotaClient.connect(
+        service.host,
+        service.port,
+        PREFIX,
+        CONFIG,
+        CacheSettings(**settings),
+        registry=registry,
+        clock=clock,
+    )
+
+
+def test_a_recent_decision_is_answered_from_the_cache_without_a_round_trip(
+    redis_server: LocalService,
+) -> None:
+    now = int(time.time() * 1000)
+    write(redis_server, [decision_row(ENTITY, now, 60_000)])
+    admin = redis.Redis(host=redis_server.host, port=redis_server.port)
+    clock = FakeClock()
+    client = cached(redis_server, clock, max_staleness_ms=500)
+
+    before = get_calls(admin)
+    fresh = client.for_client("produce", user="alice", client_id="app1", broker=1)
+    assert (fresh.source, fresh.age_ms, fresh.stale) == (Source.FRESH, 0, False)
+    assert fresh.decision is not None
+    assert fresh.decision.entity == ENTITY
+    assert 50_000 < fresh.throttle_ms <= 60_000
+    assert get_calls(admin) == before + 1
+
+    clock.advance_ms(499)
+    hit = client.for_client("produce", user="alice", client_id="other", broker=1)
+    assert (hit.source, hit.age_ms, hit.stale, hit.decision) == (
+        Source.CACHED,
+        499,
+        False,
+        fresh.decision,
+    )
+    assert get_calls(admin) == before + 1  # no round trip
+
+    clock.advance_ms(1)  # the bound reached: read again
+    again = client.lookup("produce", ENTITY)
+    assert again.source is Source.FRESH
+    assert get_calls(admin) == before + 2
+
+    # No key is an answer too (not throttled), and is cached like one.
+    absent = client.lookup("produce", "user=nobody,broker=1")
+    assert (absent.source, absent.decision, absent.throttle_ms) == (Source.FRESH, None, 0)
+    assert client.lookup("produce", "user=nobody,broker=1").source is Source.CACHED
+    assert get_calls(admin) == before + 3
+
+
+def test_a_stopped_redis_fails_open_at_once_logs_once_and_recovers_on_the_same_port(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    service = start_redis()
+    clock = FakeClock()
+    registry = CollectorRegistry()
+    timeout_ms, backoff_ms = 200, 1_000
+    client = cached(
+        service,
+        clock,
+        registry,
+        max_staleness_ms=100,
+        fail_open_staleness_ms=5_000,
+        timeout_ms=timeout_ms,
+        backoff_ms=backoff_ms,
+    )
+    now = int(time.time() * 1000)
+    write(service, [decision_row(ENTITY, now, 60_000)])
+    assert client.lookup("produce", ENTITY).source is Source.FRESH
+    port = service.port
+    service.stop()
+    caplog.set_level(logging.WARNING, logger="quotastream.cache")
+
+    # A cached decision past max_staleness but within the fail-open bound: answered, flagged stale.
+    clock.advance_ms(1_000)
+    began = time.monotonic()
+    stale = client.lookup("produce", ENTITY)
+    assert time.monotonic() - began < timeout_ms / 1000 + 0.5
+    assert (stale.source, stale.age_ms, stale.stale) == (Source.STALE, 1_000, True)
+    assert 50_000 < stale.throttle_ms <= 60_000
+    assert (client.errors, client.redis_up) == (1, False)
+
+    # Nothing cached: fail open, without trying Redis again within the backoff.
+    for _ in range(100):
+        began = time.monotonic()
+        answer = client.lookup("produce", "user=bob,broker=1")
+        assert time.monotonic() - began < 0.05
+        assert (answer.source, answer.throttle_ms, answer.decision) == (Source.FAIL_OPEN, 0, None)
+    assert (client.errors, client.skipped) == (1, 100)
+
+    # The cached entry beyond the fail-open bound: the policy answers.
+    clock.advance_ms(5_000)
+    began = time.monotonic()
+    assert client.lookup("produce", ENTITY).source is Source.FAIL_OPEN  # one retry, refused
+    assert time.monotonic() - began < timeout_ms / 1000 + 0.5
+    assert client.errors == 2
+    assert registry.get_sample_value("quotastream_agent_redis_errors_total") == 2
+    assert registry.get_sample_value("quotastream_agent_redis_up") == 0
+
+    with restarted_redis(port):
+        write(service, [decision_row(ENTITY, now, 30_000)])
+        assert client.lookup("produce", ENTITY).source is Source.FAIL_OPEN  # still backing off
+        clock.advance_ms(backoff_ms)
+        recovered = client.lookup("produce", ENTITY)
+        assert (recovered.source, client.redis_up) == (Source.FRESH, True)
+        assert recovered.decision is not None
+        assert recovered.decision.throttle_ms == 30_000
+        assert registry.get_sample_value("quotastream_agent_redis_up") == 1
+        assert registry.get_sample_value("quotastream_agent_answers_total", {"source": "fresh"})
+
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 2, messages  # one line when Redis went down, one when it came back
+    assert "unreachable" in messages[0]
+    assert "failing open" in messages[0]
+    assert "reachable again" in messages[1]
+
+
+def test_a_hung_redis_answers_within_the_timeout_and_fail_closed_delays() -> None:
+    with start_redis() as service:
+        clock = FakeClock()
+        timeout_ms = 150
+        client = cached(
+            service,
+            clock,
+            timeout_ms=timeout_ms,
+            failure_policy=FailurePolicy.CLOSED,
+            fail_closed_delay_ms=750,
+        )
+        assert client.lookup("produce", ENTITY).source is Source.FRESH
+        service.process.send_signal(signal.SIGSTOP)  # accepts connections, never answers
+        try:
+            began = time.monotonic()
+            answer = client.lookup("produce", "user=bob,broker=1")
+            elapsed = time.monotonic() - began
+            assert (answer.source, answer.throttle_ms, answer.stale) == (
+                Source.FAIL_CLOSED,
+                750,
+                True,
+            )
+            assert timeout_ms / 1000 * 0.9 <= elapsed < timeout_ms / 1000 + 0.5
+        finally:
+            service.process.send_signal(signal.SIGCONT)
+        clock.advance_ms(client.settings.backoff_ms)
+        assert client.lookup("produce", "user=bob,broker=1").source is Source.FRESH
+
+
+@pytest.fixture
+def acl_server() -> Iterator[tuple[LocalService, redis.Redis]]:
+    """A dedicated Redis with an admin user, the engine user as ``default``, and an agent user."""
+    with start_redis() as service:
+        bootstrap = redis.Redis(host=service.host, port=service.port)
+        set_user(bootstrap, "admin", ["on", ">admin", "~*", "&*", "+@all"])
+        admin = redis.Redis(
+            host=service.host, port=service.port, username="admin", password="admin"
+        )
+        set_user(admin, ENGINE_USER, engine_acl(PREFIX, "engine-pw"))
+        set_user(admin, AGENT_USER, agent_acl(PREFIX, "agent-pw"))
+        # The sink authenticates with a password only (SinkSettings has no username): the engine
+        # logs in as ``default``, restricted to the engine's rules.
+        set_user(admin, "default", engine_acl(PREFIX, "engine-pw"))
+        # The sink keeps one connection per (host, port); a recycled port must not reuse another.
+        sinks._REDIS.pop((service.host, service.port), None)
+        yield service, admin
+
+
+def test_the_agent_user_reads_and_subscribes_but_cannot_write(
+    acl_server: tuple[LocalService, redis.Redis],
+) -> None:
+    service, admin = acl_server
+    admin.set(f"{PREFIX}:produce:{ENTITY}", "{}")
+    agent = redis.Redis(
+        host=service.host, port=service.port, username=AGENT_USER, password="agent-pw"
+    )
+    assert agent.get(f"{PREFIX}:produce:{ENTITY}") == b"{}"
+    assert agent.mget([f"{PREFIX}:produce:{ENTITY}", f"{PREFIX}:x"]) == [b"{}", None]
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        agent.set(f"{PREFIX}:produce:{ENTITY}", "forged")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        agent.delete(f"{PREFIX}:produce:{ENTITY}")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        agent.get("elsewhere:key")  # outside the prefix, not even readable
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        agent.publish(release_channel(PREFIX, "produce", ENTITY), "forged notice")
+
+    pubsub = agent.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
+    pubsub.subscribe(release_channel(PREFIX, "produce", ENTITY))
+    confirmation = pubsub.get_message(timeout=5)
+    assert confirmation is not None
+    assert confirmation["type"] == "subscribe"
+    pubsub.close()
+    refused = agent.pubsub()  # type: ignore[no-untyped-call]
+    refused.subscribe("elsewhere:released:produce:x")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        refused.get_message(timeout=5)
+    refused.close()
+
+
+def test_the_engine_writes_its_prefix_only_and_the_agent_client_reads_it(
+    acl_server: tuple[LocalService, redis.Redis],
+) -> None:
+    service, admin = acl_server
+    engine = redis.Redis(
+        host=service.host, port=service.port, username=ENGINE_USER, password="engine-pw"
+    )
+    assert engine.set(f"{PREFIX}:produce:probe", "1")
+    assert engine.publish(release_channel(PREFIX, "produce", "probe"), "{}") == 0
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        engine.set("elsewhere:produce:probe", "1")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        engine.publish("elsewhere:released:produce:probe", "{}")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        engine.flushall()
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        engine.keys("*")
+
+    # The engine's own sink, as the (restricted) default user.
+    now = int(time.time() * 1000)
+    released = decision_row(ENTITY, now, 60_000) | {"released_at": now + 5, "notice": "released"}
+    write(
+        service,
+        [decision_row("user=bob,broker=1", now, 60_000), released],
+        password="engine-pw",
+    )
+    assert admin.get(f"{PREFIX}:produce:user=bob,broker=1") is not None
+
+    # The lookup client, as the agent user.
+    client = QuotaClient.connect(
+        service.host, service.port, PREFIX, CONFIG, username=AGENT_USER, password="agent-pw"
+    )
+    decision = client.for_client("produce", user="alice", client_id="app1", broker=1)
+    assert decision is not None
+    assert decision.released_at == now + 5
+    waited = client.wait_until_released("produce", "user=bob,broker=1", timeout_s=0.2)
+    assert waited is not None
+    assert waited.throttle_ms_now() > 0
+    cached_client = CachedQuotaClient.connect(
+        service.host, service.port, PREFIX, CONFIG, username=AGENT_USER, password="agent-pw"
+    )
+    answer = cached_client.lookup("produce", "user=bob,broker=1")
+    assert answer.source is Source.FRESH
+    assert answer.throttle_ms > 50_000
+
+
+def test_the_documented_acl_lines_are_the_ones_tested() -> None:
+    docs = (Path(__file__).parents[1] / "docs" / "agents.md").read_text()
+    assert setuser_command(ENGINE_USER, engine_acl("quotastream", "engine-secret")) in docs
+    assert setuser_command(AGENT_USER, agent_acl("quotastream", "agent-secret")) in docs
+
+
+@contextmanager
+def restarted_redis(port: int) -> Iterator[LocalService]:
+    """A Redis on a given (just freed) port: ``start_redis`` always picks a new one."""
+    workdir = Path(tempfile.mkdtemp(prefix="quotastream-redis-restart-"))
+    args = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    process = subprocess.Popen(
+        [*args, "--appendonly", "no", "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    service = LocalService("redis", "127.0.0.1", port, process, workdir, workdir / "redis.log")
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    pytest.skip(f"could not restart Redis on port {port}")
+                time.sleep(0.02)
+        yield service
+    finally:
+        service.stop()
