@@ -1,0 +1,1 @@
+"""Deployment assets generated from code: Grafana dashboards and the metric-name contract."""

@@ -1,0 +1,600 @@
+"""Grafana dashboards for quotastream, built with Grafana's foundation SDK.
+
+``python -m deploy.dashboards`` writes them to conf/grafana/dashboards/ (committed; a test
+checks the committed JSON equals this module's output). Queries use only the metric names in
+:mod:`deploy.metrics` and the Prometheus datasource provisioned with uid ``prometheus``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+from grafana_foundation_sdk.builders import (
+    bargauge,
+    common,
+    dashboard,
+    prometheus,
+    stat,
+    timeseries,
+)
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as common_models
+from grafana_foundation_sdk.models import dashboard as dashboard_models
+
+DASHBOARD_DIR: Final = Path(__file__).resolve().parent.parent / "conf" / "grafana" / "dashboards"
+DATASOURCE: Final = dashboard_models.DataSourceRef(type_val="prometheus", uid="prometheus")
+TAGS: Final = ["quotastream"]
+
+# Selectors shared by the panels; $quota and $entity are the dashboards' variables.
+SELECTED = 'quota=~"$quota", entity=~"$entity"'
+REPLICATION = 'quota=~".*_replication"'
+
+Query = tuple[str, str]
+"""A PromQL expression and its legend."""
+
+
+def _targets(queries: Sequence[Query], *, instant: bool = False) -> list[prometheus.Dataquery]:
+    targets = []
+    for index, (expr, legend) in enumerate(queries):
+        target = (
+            prometheus.Dataquery()
+            .expr(expr)
+            .legend_format(legend)
+            .ref_id(chr(ord("A") + index))
+            .datasource(DATASOURCE)
+        )
+        targets.append(target.instant() if instant else target.range())
+    return targets
+
+
+def _thresholds(*steps: tuple[float | None, str]) -> dashboard.ThresholdsConfig:
+    return (
+        dashboard.ThresholdsConfig()
+        .mode(dashboard_models.ThresholdsMode.ABSOLUTE)
+        .steps([dashboard_models.Threshold(value=value, color=color) for value, color in steps])
+    )
+
+
+def _series(
+    title: str,
+    description: str,
+    unit: str,
+    queries: Sequence[Query],
+    *,
+    width: int = 12,
+    height: int = 8,
+    limit_line: float | None = None,
+) -> timeseries.Panel:
+    panel = (
+        timeseries.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .span(width)
+        .height(height)
+        .fill_opacity(10)
+        .legend(
+            common.VizLegendOptions()
+            .display_mode(common_models.LegendDisplayMode.TABLE)
+            .placement(common_models.LegendPlacement.BOTTOM)
+            .show_legend(True)
+            .calcs(["lastNotNull", "max"])
+        )
+        .tooltip(common.VizTooltipOptions().mode(common_models.TooltipDisplayMode.MULTI))
+    )
+    for target in _targets(queries):
+        panel = panel.with_target(target)
+    if limit_line is not None:
+        panel = panel.thresholds(
+            _thresholds((None, "green"), (limit_line, "red"))
+        ).thresholds_style(
+            common.GraphThresholdsStyleConfig().mode(common_models.GraphThresholdsStyleMode.LINE)
+        )
+    return panel
+
+
+def _stat(
+    title: str,
+    description: str,
+    unit: str,
+    queries: Sequence[Query],
+    *,
+    width: int = 6,
+    red_at: float | None = None,
+) -> stat.Panel:
+    panel = (
+        stat.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .span(width)
+        .height(4)
+        .graph_mode(common_models.BigValueGraphMode.AREA)
+        .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+    )
+    if red_at is not None:
+        panel = panel.thresholds(_thresholds((None, "green"), (red_at, "red")))
+    for target in _targets(queries):
+        panel = panel.with_target(target)
+    return panel
+
+
+def _top(
+    title: str, description: str, unit: str, query: Query, *, width: int = 24
+) -> bargauge.Panel:
+    panel = (
+        bargauge.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .span(width)
+        .height(10)
+        .min(0)
+        .orientation(common_models.VizOrientation.HORIZONTAL)
+        .display_mode(common_models.BarGaugeDisplayMode.GRADIENT)
+        .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+        .thresholds(_thresholds((None, "green"), (0.8, "orange"), (1.0, "red")))
+    )
+    for target in _targets([query], instant=True):
+        panel = panel.with_target(target)
+    return panel
+
+
+def _label_variable(
+    name: str, label: str, query: str, *, include_all: bool = True
+) -> dashboard.QueryVariable:
+    variable = (
+        dashboard.QueryVariable(name)
+        .label(label)
+        .datasource(DATASOURCE)
+        .query(query)
+        .refresh(dashboard_models.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(dashboard_models.VariableSort.ALPHABETICAL_ASC)
+        .multi(True)
+    )
+    if include_all:
+        variable = (
+            variable.include_all(True)
+            .all_value(".*")
+            .current(dashboard_models.VariableOption(selected=True, text="All", value="$__all"))
+        )
+    return variable
+
+
+def _dashboard(uid: str, title: str, description: str) -> dashboard.Dashboard:
+    return (
+        dashboard.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(TAGS)
+        .editable()
+        .refresh("30s")
+        .time("now-1h", "now")
+        .timezone("browser")
+    )
+
+
+def quotas_overview() -> dashboard.Dashboard:
+    rate_vs_limit = [
+        (f"quotastream_byte_rate{{{SELECTED}}}", "{{quota}} {{entity}} rate"),
+        (f"quotastream_quota_limit{{{SELECTED}}}", "{{quota}} {{entity}} limit"),
+    ]
+    return (
+        _dashboard(
+            "quotastream-quotas",
+            "quotastream / Quotas overview",
+            "Byte rate against quota, utilisation and throttle time per entity (top-K exported).",
+        )
+        .with_variable(
+            _label_variable("quota", "Quota", "label_values(quotastream_byte_rate, quota)")
+        )
+        .with_variable(
+            _label_variable(
+                "entity", "Entity", 'label_values(quotastream_byte_rate{quota=~"$quota"}, entity)'
+            )
+        )
+        .with_variable(
+            dashboard.CustomVariable("topk")
+            .label("Top K")
+            .values("10,20,50")
+            .current(dashboard_models.VariableOption(selected=True, text="10", value="10"))
+        )
+        .with_panel(
+            _stat(
+                "Throttled entities",
+                "Entities throttled now (enforced, not yet released), per quota type.",
+                "short",
+                [('sum by (quota) (quotastream_throttled_entities{quota=~"$quota"})', "{{quota}}")],
+                width=12,
+                red_at=1,
+            )
+        )
+        .with_panel(
+            _stat(
+                "Highest utilisation",
+                "Highest byte rate / quota among the exported entities, per quota type.",
+                "percentunit",
+                [
+                    (
+                        'max by (quota) (quotastream_quota_utilisation_ratio{quota=~"$quota"})',
+                        "{{quota}}",
+                    )
+                ],
+                width=12,
+                red_at=1,
+            )
+        )
+        .with_panel(
+            _series(
+                "Byte rate vs quota",
+                "Kafka's windowed byte rate per entity and the quota it is held to.",
+                "Bps",
+                rate_vs_limit,
+            )
+        )
+        .with_panel(
+            _series(
+                "Utilisation",
+                "Byte rate / quota (absent for unlimited entities). Over 100% means throttled.",
+                "percentunit",
+                [(f"quotastream_quota_utilisation_ratio{{{SELECTED}}}", "{{quota}} {{entity}}")],
+                limit_line=1,
+            )
+        )
+        .with_panel(
+            _series(
+                "Throttle time",
+                "Remaining enforced throttle per entity (Kafka's throttle-time).",
+                "s",
+                [(f"quotastream_throttle_time_seconds{{{SELECTED}}}", "{{quota}} {{entity}}")],
+            )
+        )
+        .with_panel(
+            _series(
+                "Throttled entities over time",
+                "Entities throttled at each moment, per quota type.",
+                "short",
+                [('sum by (quota) (quotastream_throttled_entities{quota=~"$quota"})', "{{quota}}")],
+            )
+        )
+        .with_panel(
+            _top(
+                "Top $topk entities by utilisation",
+                "The entities nearest (or over) their quota now.",
+                "percentunit",
+                (
+                    'topk($topk, quotastream_quota_utilisation_ratio{quota=~"$quota"})',
+                    "{{quota}} {{entity}}",
+                ),
+            )
+        )
+    )
+
+
+def replication() -> dashboard.Dashboard:
+    def rate_vs_throttle(quota: str) -> list[Query]:
+        selector = f'quota="{quota}", entity=~"$broker"'
+        return [
+            (f"quotastream_byte_rate{{{selector}}}", "{{entity}} rate"),
+            (f"quotastream_quota_limit{{{selector}}}", "{{entity}} throttle"),
+        ]
+
+    stalled = (
+        f"(quotastream_quota_limit{{{REPLICATION}}} > 0)"
+        f" unless on (quota, entity) (quotastream_byte_rate{{{REPLICATION}}} > 1024)"
+    )
+    return (
+        _dashboard(
+            "quotastream-replication",
+            "quotastream / Replication throttling",
+            "Leader and follower replication byte rates against the replication throttles "
+            "(KIP-73) while partitions move.",
+        )
+        .with_variable(
+            _label_variable(
+                "broker",
+                "Broker",
+                f"label_values(quotastream_byte_rate{{{REPLICATION}}}, entity)",
+            )
+        )
+        .with_panel(
+            _stat(
+                "Throttled brokers",
+                "Brokers whose replication is being throttled now.",
+                "short",
+                [
+                    (
+                        f"sum by (quota) (quotastream_throttled_entities{{{REPLICATION}}})",
+                        "{{quota}}",
+                    )
+                ],
+                width=8,
+            )
+        )
+        .with_panel(
+            _stat(
+                "Throttles without progress",
+                "Replication throttles set while under 1 KiB/s replicates: a stalled move or a "
+                "throttle left behind (alert QuotastreamReplicationMoveStalled).",
+                "short",
+                [(f"count({stalled}) or vector(0)", "stalled")],
+                width=8,
+                red_at=1,
+            )
+        )
+        .with_panel(
+            _stat(
+                "Replication throughput",
+                "Total leader and follower replication byte rate of the exported brokers.",
+                "Bps",
+                [(f"sum by (quota) (quotastream_byte_rate{{{REPLICATION}}})", "{{quota}}")],
+                width=8,
+            )
+        )
+        .with_panel(
+            _series(
+                "Leader replication vs throttle",
+                "leader.replication.throttled.rate against the bytes leaders send to moving "
+                "replicas.",
+                "Bps",
+                rate_vs_throttle("leader_replication"),
+            )
+        )
+        .with_panel(
+            _series(
+                "Follower replication vs throttle",
+                "follower.replication.throttled.rate against the bytes followers fetch.",
+                "Bps",
+                rate_vs_throttle("follower_replication"),
+            )
+        )
+        .with_panel(
+            _series(
+                "Move progress: throttle utilisation",
+                "Replication rate / throttle: near 100% a move is throttle-bound; near 0 with a "
+                "throttle set it is not progressing.",
+                "percentunit",
+                [
+                    (
+                        f'quotastream_quota_utilisation_ratio{{{REPLICATION}, entity=~"$broker"}}',
+                        "{{quota}} {{entity}}",
+                    )
+                ],
+                limit_line=1,
+            )
+        )
+        .with_panel(
+            _series(
+                "Replication throttle time",
+                "Remaining throttle per broker and direction.",
+                "s",
+                [
+                    (
+                        f'quotastream_throttle_time_seconds{{{REPLICATION}, entity=~"$broker"}}',
+                        "{{quota}} {{entity}}",
+                    )
+                ],
+            )
+        )
+    )
+
+
+def tiered_storage() -> dashboard.Dashboard:
+    def rate_vs_quota(quota: str) -> list[Query]:
+        return [
+            (f'quotastream_byte_rate{{quota="{quota}"}}', "{{entity}} rate"),
+            (f'quotastream_quota_limit{{quota="{quota}"}}', "{{entity}} quota"),
+        ]
+
+    return (
+        _dashboard(
+            "quotastream-tiered-storage",
+            "quotastream / Tiered storage",
+            "Remote log copy and fetch against their quotas (KIP-956) and the remote log size.",
+        )
+        .with_variable(
+            _label_variable(
+                "topic", "Topic", "label_values(quotastream_remote_log_size_bytes, topic)"
+            )
+        )
+        .with_panel(
+            _series(
+                "Remote copy vs quota",
+                "Bytes/s brokers copy to remote storage against remote.log.manager.copy quota.",
+                "Bps",
+                rate_vs_quota("remote_copy"),
+            )
+        )
+        .with_panel(
+            _series(
+                "Remote fetch vs quota",
+                "Bytes/s read back from remote storage against the remote fetch quota.",
+                "Bps",
+                rate_vs_quota("remote_fetch"),
+            )
+        )
+        .with_panel(
+            _series(
+                "Remote copy/fetch throttle time",
+                "Remaining throttle of the remote log quotas.",
+                "s",
+                [
+                    (
+                        'quotastream_throttle_time_seconds{quota=~"remote_copy|remote_fetch"}',
+                        "{{quota}} {{entity}}",
+                    )
+                ],
+            )
+        )
+        .with_panel(
+            _series(
+                "Remote log size by topic",
+                "Sum of RemoteLogSizeBytes over each topic's partitions.",
+                "bytes",
+                [
+                    (
+                        'sum by (topic) (quotastream_remote_log_size_bytes{topic=~"$topic"})',
+                        "{{topic}}",
+                    )
+                ],
+            )
+        )
+        .with_panel(
+            _top(
+                "Largest remote logs (partitions)",
+                "The partitions with the most data in remote storage.",
+                "bytes",
+                (
+                    'topk(10, quotastream_remote_log_size_bytes{topic=~"$topic"})',
+                    "{{topic}}-{{partition}}",
+                ),
+            )
+        )
+    )
+
+
+def engine_health() -> dashboard.Dashboard:
+    def quantile(q: str) -> Query:
+        return (
+            f"histogram_quantile({q}, sum by (le) "
+            "(rate(quotastream_batch_duration_seconds_bucket[$__rate_interval])))",
+            f"p{q[2:]}",
+        )
+
+    return (
+        _dashboard(
+            "quotastream-engine",
+            "quotastream / Engine health",
+            "The streaming query: micro-batch duration, throughput, lag, dead letters, timers.",
+        )
+        .with_panel(
+            _stat(
+                "Last batch age",
+                "Seconds since the last micro-batch finished (alert QuotastreamEngineStalled).",
+                "s",
+                [("time() - quotastream_last_batch_timestamp_seconds", "age")],
+                red_at=120,
+            )
+        )
+        .with_panel(
+            _stat(
+                "Event lag",
+                "Write time minus the newest event time decided in the last batch.",
+                "s",
+                [("quotastream_event_lag_seconds", "lag")],
+                red_at=30,
+            )
+        )
+        .with_panel(
+            _stat(
+                "Dead letters",
+                "Events rejected to the dead-letter topic per second.",
+                "reqps",
+                [("sum(rate(quotastream_dead_letter_events_total[$__rate_interval]))", "rejected")],
+                red_at=0.001,
+            )
+        )
+        .with_panel(
+            _stat(
+                "Config version",
+                "Live configuration version of the newest decision.",
+                "none",
+                [("quotastream_config_version", "version")],
+            )
+        )
+        .with_panel(
+            _series(
+                "Micro-batch duration",
+                "Trigger execution time (compare with spark.trigger_ms).",
+                "s",
+                [quantile("0.5"), quantile("0.99")],
+            )
+        )
+        .with_panel(
+            _series(
+                "Input and processing rate",
+                "Spark's rows/s of the last batch and Kafka records read per second.",
+                "reqps",
+                [
+                    ("quotastream_input_rows_per_second", "input rows/s"),
+                    ("quotastream_processed_rows_per_second", "processed rows/s"),
+                    (
+                        "sum(rate(quotastream_input_events_total[$__rate_interval]))",
+                        "records read/s",
+                    ),
+                ],
+            )
+        )
+        .with_panel(
+            _series(
+                "Event lag",
+                "Event-to-decision lag.",
+                "s",
+                [("quotastream_event_lag_seconds", "lag")],
+                limit_line=30,
+            )
+        )
+        .with_panel(
+            _series(
+                "Dead letters by reason",
+                "Rejected events per second by the validator's reason (docs/events.md).",
+                "reqps",
+                [
+                    (
+                        "sum by (reason) "
+                        "(rate(quotastream_dead_letter_events_total[$__rate_interval]))",
+                        "{{reason}}",
+                    )
+                ],
+            )
+        )
+        .with_panel(
+            _series(
+                "Throttle timers",
+                "Pending throttle-release timers (all shards) and timers fired or cancelled/s.",
+                "short",
+                [
+                    ("quotastream_timers_pending", "pending"),
+                    ("rate(quotastream_timers_fired_total[$__rate_interval])", "fired/s"),
+                    ("rate(quotastream_timers_cancelled_total[$__rate_interval])", "cancelled/s"),
+                ],
+                width=24,
+            )
+        )
+    )
+
+
+DASHBOARDS: Final = {
+    "quotas-overview.json": quotas_overview,
+    "replication-throttling.json": replication,
+    "tiered-storage.json": tiered_storage,
+    "engine-health.json": engine_health,
+}
+
+
+def render() -> dict[str, str]:
+    """Each dashboard file's name and its JSON text, as committed."""
+    return {
+        name: json.dumps(build().build(), cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
+        for name, build in DASHBOARDS.items()
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    out = Path(argv[0]) if argv else DASHBOARD_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in render().items():
+        (out / name).write_text(text)
+        print(out / name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

