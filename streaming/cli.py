@@ -105,6 +105,19 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="decide what the topics hold now, then stop (catch up after downtime, tests)",
     )
+    simulate = commands.add_parser(
+        "simulate",
+        help="publish the simulated cluster traffic to Kafka (what `run` publishes when embedded)",
+        description=(
+            "Publishes the simulated traffic scenario (skewed clients, a bursting client, an "
+            "upload backlog, a reassignment) to the first events topic of the engine settings, in "
+            "real time, until Ctrl-C or --duration."
+        ),
+    )
+    simulate.add_argument("--engine-config", type=Path, help="engine settings YAML (Kafka)")
+    simulate.add_argument(
+        "--duration", type=float, metavar="SECONDS", help="stop after this long (default: never)"
+    )
     add_admin_commands(commands)
     return parser
 
@@ -115,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _replay(args)
     if args.command == "run":
         return _run(args)
+    if args.command == "simulate":
+        return _simulate(args)
     if args.command in ADMIN_COMMANDS:
         return run_admin(args)
     raise AssertionError(f"unhandled command {args.command}")  # argparse rejects others
@@ -197,6 +212,26 @@ def _run(args: argparse.Namespace) -> int:
         )
     except ConfigError as exc:
         return _fail(EXIT_BAD_CONFIG, str(exc))
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from streaming.traffic import LiveTraffic  # noqa: PLC0415 - only this command needs Kafka
+
+    try:
+        settings = load_engine_settings(args.engine_config)
+    except ConfigError as exc:
+        return _fail(EXIT_BAD_CONFIG, str(exc))
+    kafka = settings.kafka
+    print(f"quotastream: simulating traffic to {kafka.topics[0]} at {kafka.bootstrap_servers}")
+    traffic = LiveTraffic(kafka.bootstrap_servers, kafka.topics[0])
+    traffic.start()
+    try:
+        traffic.join(timeout=args.duration)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        traffic.stop()
+    return EXIT_OK
 
 
 def _fail(code: int, message: str) -> int:

@@ -9,10 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kafka import KafkaConsumer, TopicPartition
 
+from state.events import parse_events
 from streaming.cli import EXIT_BAD_CONFIG, EXIT_UNREADABLE_INPUT, main
+from streaming.services import LocalService
 from tests.conftest import ReplayRunner
 from tests.factories import BASE, fetch, produce, remote, replication
 
@@ -173,3 +177,38 @@ def test_shipped_example_replays(capsys: pytest.CaptureFixture[str]) -> None:
     assert throttled == {"produce", "fetch", "remote_copy", "leader_replication"}
     assert any(d.get("leave_out") for d in decisions)
     assert "3 rejected" in captured.err
+
+
+def test_simulate_publishes_valid_traffic_to_the_events_topic(
+    kafka: LocalService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine = tmp_path / "engine.yaml"
+    engine.write_text(
+        yaml.safe_dump(
+            {"kafka": {"bootstrap_servers": kafka.address, "topics": ["simulated.events"]}}
+        )
+    )
+    assert main(["simulate", "--engine-config", str(engine), "--duration", "2.5"]) == 0
+    assert "simulating traffic to simulated.events" in capsys.readouterr().out
+    consumer = KafkaConsumer(bootstrap_servers=kafka.address, consumer_timeout_ms=3000)
+    partitions = [
+        TopicPartition("simulated.events", p)
+        for p in consumer.partitions_for_topic("simulated.events") or ()
+    ]
+    consumer.assign(partitions)
+    consumer.seek_to_beginning(*partitions)
+    values = [record.value for record in consumer]
+    consumer.close()
+    parsed = parse_events(values)
+    assert len(parsed.accepted) > 20  # a couple of seconds of the scenario
+    assert parsed.rejected.empty
+    assert set(parsed.accepted["kind"].astype(str)) >= {"produce", "fetch", "remote_copy"}
+
+
+def test_simulate_names_a_bad_engine_setting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine = tmp_path / "engine.yaml"
+    engine.write_text("kafka: {max_offsets_per_trigger: 0}\n")
+    assert main(["simulate", "--engine-config", str(engine)]) == EXIT_BAD_CONFIG
+    assert "kafka.max_offsets_per_trigger" in capsys.readouterr().err
