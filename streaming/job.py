@@ -6,6 +6,7 @@
       -> mapInArrow: usage_batches        validate, resolve entity, sum per (entity, sample)
       -> groupBy(shard).applyInPandasWithState: update_shard    one state value per shard
       -> foreachBatch: mapInArrow(write_batches) on the executors  -> Redis, dead-letter topic
+                       (with metrics: a bounded summary back to the driver -> Prometheus)
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from state.config import QuotaConfig
 from streaming.config_log import ConfigLog, ConfigSource
 from streaming.kafka_source import KafkaSource
+from streaming.metrics import EngineMetrics
 from streaming.settings import EngineSettings
-from streaming.sinks import WRITE_COUNTS, SinkSettings, write_batches
+from streaming.sinks import WRITE_COUNTS, WRITE_SUMMARY, SinkSettings, write_batches
 from streaming.stages import (
     DECISION_SCHEMA,
     STAGE_SCHEMA,
@@ -75,7 +77,12 @@ def start_query(
     *,
     available_now: bool = False,
     query_name: str = "quotastream",
+    metrics: EngineMetrics | None = None,
 ) -> StreamingQuery:
+    """Starts the query; with ``metrics``, each micro-batch and Spark's progress update them.
+
+    The exporter is not started here: :func:`streaming.run.run` starts it once per process.
+    """
     kafka = settings.kafka
     reader = (
         spark.readStream.format(KafkaSource.name())
@@ -128,6 +135,7 @@ def start_query(
         keep_ms=settings.redis.keep_ms,
         dead_letter_topic=kafka.dead_letter_topic,
         kafka_bootstrap=kafka.bootstrap_servers,
+        redis_username=settings.redis.username,
         redis_password=(
             settings.redis.password.get_secret_value() if settings.redis.password else None
         ),
@@ -136,14 +144,17 @@ def start_query(
     writer = (
         decided.writeStream.queryName(query_name)
         .outputMode("update")
-        .foreachBatch(partial(_write_batch, sink=sink))
+        .foreachBatch(partial(_write_batch, sink=sink, metrics=metrics))
         .option("checkpointLocation", settings.spark.checkpoint)
     )
     if available_now:
         writer = writer.trigger(availableNow=True)
     else:
         writer = writer.trigger(processingTime=f"{settings.spark.trigger_ms} milliseconds")
-    return writer.start()
+    query = writer.start()
+    if metrics is not None:
+        metrics.attach(spark, str(query.id))
+    return query
 
 
 def _check_config_log(settings: EngineSettings, config: QuotaConfig) -> None:
@@ -176,8 +187,21 @@ def _update_group(
     yield update.rows
 
 
-def _write_batch(batch: DataFrame, batch_id: int, sink: SinkSettings) -> None:
-    # Written from the executors; only the counts come back to the driver.
-    batch.mapInArrow(
-        partial(write_batches, settings=sink), from_arrow_schema(WRITE_COUNTS)
+def _write_batch(
+    batch: DataFrame, batch_id: int, sink: SinkSettings, metrics: EngineMetrics | None = None
+) -> None:
+    # Written from the executors; only the counts (or the bounded metrics summary, at most
+    # top_k rows per quota and Arrow batch plus the tracked entities) come back to the driver.
+    if metrics is None:
+        batch.mapInArrow(
+            partial(write_batches, settings=sink), from_arrow_schema(WRITE_COUNTS)
+        ).collect()
+        return
+    written = batch.mapInArrow(
+        partial(write_batches, settings=sink, summary=metrics.request()),
+        from_arrow_schema(WRITE_SUMMARY),
     ).collect()
+    try:
+        metrics.record_batch(row.asDict() for row in written)
+    except Exception:  # the batch is written: a metrics bug must not fail the query
+        log.exception("batch %d: could not record its metrics", batch_id)

@@ -25,6 +25,7 @@ from rich.live import Live
 from state.config import load_quota_config
 from streaming.job import local_spark, start_query
 from streaming.live_view import snapshot
+from streaming.metrics import EngineMetrics
 from streaming.services import start_kafka, start_redis
 from streaming.settings import EngineSettings
 from streaming.traffic import LiveTraffic
@@ -57,13 +58,37 @@ def run(options: RunOptions) -> int:
         console.print("starting Spark …")
         spark = local_spark(settings)
         stack.callback(spark.stop)
-        query = start_query(spark, settings, config, available_now=options.available_now)
+        metrics = _start_metrics(settings, console)
+        if metrics is not None:
+            stack.callback(metrics.close)
+        query = start_query(
+            spark, settings, config, available_now=options.available_now, metrics=metrics
+        )
         stack.callback(_stop_query, query)
         _watch(settings, query, console, options.duration_s)
         if query.exception() is not None:
             console.print(f"[red]the query failed:[/red] {query.exception()}")
             return 1
     return 0
+
+
+def _start_metrics(settings: EngineSettings, console: Console) -> EngineMetrics | None:
+    """The Prometheus exporter, once per process (``docs/metrics.md``).
+
+    A port already in use is reported and the engine runs on without its metrics: decisions
+    matter more than their metrics, and Prometheus reports the target down.
+    """
+    if not settings.metrics.enabled:
+        return None
+    metrics = EngineMetrics.from_settings(settings.metrics, keep_ms=settings.redis.keep_ms)
+    try:
+        port = metrics.serve()
+    except OSError as exc:
+        log.error("metrics exporter not started on %s:%d: %s", metrics.host, metrics.port, exc)
+        console.print(f"[red]metrics exporter not started:[/red] {exc}")
+        return None
+    console.print(f"metrics: http://{metrics.host}:{port}/metrics")
+    return metrics
 
 
 @contextlib.contextmanager
@@ -91,12 +116,7 @@ def _embedded(settings: EngineSettings, console: Console) -> Iterator[EngineSett
 def _watch(
     settings: EngineSettings, query: Any, console: Console, duration_s: float | None
 ) -> None:
-    client = redis.Redis(
-        host=settings.redis.host,
-        port=settings.redis.port,
-        password=settings.redis.password.get_secret_value() if settings.redis.password else None,
-        ssl=settings.redis.ssl,
-    )
+    client = redis.Redis(**settings.redis.connection())
     deadline = None if duration_s is None else time.monotonic() + duration_s
     interactive = console.is_terminal
     stop = _StopOnSignal()

@@ -64,10 +64,22 @@ class RedisSettings(BaseModel):
 
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] = 6379
+    #: An ACL user (docs/agents.md: the engine may write only under its prefix); None: default.
+    username: str | None = None
     password: SecretStr | None = None
     ssl: bool = False
     key_prefix: Annotated[str, Field(min_length=1)] = "quotastream"
     keep_ms: Annotated[int, Field(ge=1)] = 30_000
+
+    def connection(self) -> dict[str, Any]:
+        """redis-py connection options, with the secret password (never log the result)."""
+        return {
+            "host": self.host,
+            "port": self.port,
+            "username": self.username,
+            "password": self.password.get_secret_value() if self.password else None,
+            "ssl": self.ssl,
+        }
 
 
 class SparkSettings(BaseModel):
@@ -90,6 +102,21 @@ class TimerSettings(BaseModel):
     wheel_size: Annotated[int, Field(ge=2, le=4096)] = KAFKA_WHEEL_SIZE
 
 
+class MetricsSettings(BaseModel):
+    """The Prometheus exporter in the engine's driver process (``docs/metrics.md``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    #: Loopback by default: expose it deliberately (e.g. 0.0.0.0) behind a firewall.
+    host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
+    #: 0: a free port, chosen when the exporter starts (tests).
+    port: Annotated[int, Field(ge=0, le=65535)] = 9464
+    #: Per-entity series for the top_k entities by utilisation per quota type, plus every
+    #: entity throttled now; 0: no per-entity series.
+    top_k: Annotated[int, Field(ge=0)] = 100
+
+
 class EngineSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="QUOTASTREAM_", env_nested_delimiter="__", extra="forbid", frozen=True
@@ -101,6 +128,7 @@ class EngineSettings(BaseSettings):
     redis: RedisSettings = RedisSettings()
     spark: SparkSettings = SparkSettings()
     timers: TimerSettings = TimerSettings()
+    metrics: MetricsSettings = MetricsSettings()
 
     def pointed_at(
         self,
@@ -113,7 +141,9 @@ class EngineSettings(BaseSettings):
         """These settings, reading and writing the given local servers (no credentials)."""
         data = self.model_dump()
         data["kafka"].update(bootstrap_servers=bootstrap_servers, client={}, **kafka_overrides)
-        data["redis"].update(host=redis_host, port=redis_port, password=None, ssl=False)
+        data["redis"].update(
+            host=redis_host, port=redis_port, username=None, password=None, ssl=False
+        )
         data["spark"].update(checkpoint=checkpoint)
         return EngineSettings.model_validate(data)
 

@@ -23,9 +23,12 @@ from quotastream.keys import decision_key, release_channel, remote_log_key, time
 from state.events import dead_letter_record
 from state.live_config import Mode
 from state.throttle_timers import TimerStats
+from streaming.metrics import SUMMARY_SCHEMA, BatchSummary, SummaryRequest
 from streaming.stages import REJECT, REMOTE_LOG, TIMERS, USAGE
 
 WRITE_COUNTS = pa.schema([("decisions", pa.int64()), ("rejects", pa.int64())])
+#: What :func:`write_batches` yields when the driver asks for a metrics summary.
+WRITE_SUMMARY = SUMMARY_SCHEMA
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class SinkSettings:
     keep_ms: int = 30_000
     dead_letter_topic: str = "quotastream.dead-letter"
     kafka_bootstrap: str = ""
+    redis_username: str | None = None
     redis_password: str | None = field(default=None, repr=False)
     redis_ssl: bool = False
 
@@ -75,14 +79,21 @@ def release_notice(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_batches(
-    batches: Iterator[pa.RecordBatch], settings: SinkSettings
+    batches: Iterator[pa.RecordBatch],
+    settings: SinkSettings,
+    summary: SummaryRequest | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Writes one partition of a micro-batch's output; yields how many rows went where."""
+    """Writes one partition of a micro-batch's output; yields how many rows went where.
+
+    With a ``summary`` request, yields instead a bounded summary of what was written for the
+    metrics (:data:`WRITE_SUMMARY`, ``streaming/metrics.py``).
+    """
     client = _redis(settings)
     producer: KafkaProducer | None = None
     for batch in batches:
         rows = batch.to_pylist()
         now = int(time.time() * 1000)
+        report = BatchSummary(summary, now) if summary is not None else None
         pipeline = client.pipeline(transaction=False)
         decisions = rejects = 0
         prefix = settings.key_prefix
@@ -111,9 +122,14 @@ def write_batches(
                 producer = producer or _producer(settings)
                 producer.send(settings.dead_letter_topic, _dead_letter(row))
                 rejects += 1
+            if report is not None:
+                report.add(row)
         pipeline.execute()
         if producer is not None:
             producer.flush()
+        if report is not None:
+            yield report.batch()
+            continue
         yield pa.RecordBatch.from_pylist(
             [{"decisions": decisions, "rejects": rejects}], schema=WRITE_COUNTS
         )
@@ -129,16 +145,23 @@ def _dead_letter(row: dict[str, Any]) -> bytes:
     return json.dumps(record).encode()
 
 
-_REDIS: dict[tuple[str, int], redis.Redis] = {}
+_REDIS: dict[tuple[str, int, str | None, str | None], redis.Redis] = {}
 _PRODUCERS: dict[str, KafkaProducer] = {}
 
 
 def _redis(settings: SinkSettings) -> redis.Redis:
-    key = (settings.redis_host, settings.redis_port)
+    # Keyed by the credentials too: a worker may serve queries that log in differently.
+    key = (
+        settings.redis_host,
+        settings.redis_port,
+        settings.redis_username,
+        settings.redis_password,
+    )
     if key not in _REDIS:
         _REDIS[key] = redis.Redis(
             host=settings.redis_host,
             port=settings.redis_port,
+            username=settings.redis_username,
             password=settings.redis_password,
             ssl=settings.redis_ssl,
         )

@@ -34,7 +34,6 @@ from quotastream.acl import (
     setuser_command,
 )
 from quotastream.keys import release_channel
-from streaming import sinks
 from streaming.services import LocalService, redis_binary, start_redis
 from streaming.sinks import SinkSettings, write_batches
 from streaming.stages import DECISION_SCHEMA
@@ -58,9 +57,18 @@ class FakeClock:
 
 
 def write(
-    service: LocalService, rows: list[dict[str, object]], password: str | None = None
+    service: LocalService,
+    rows: list[dict[str, object]],
+    username: str | None = None,
+    password: str | None = None,
 ) -> None:
-    sink = SinkSettings(service.host, service.port, key_prefix=PREFIX, redis_password=password)
+    sink = SinkSettings(
+        service.host,
+        service.port,
+        key_prefix=PREFIX,
+        redis_username=username,
+        redis_password=password,
+    )
     batch = pa.RecordBatch.from_pylist(rows, schema=DECISION_SCHEMA)
     (counts,) = write_batches(iter([batch]), sink)
     assert counts.to_pylist() == [{"decisions": len(rows), "rejects": 0}]
@@ -227,7 +235,7 @@ def test_a_hung_redis_answers_within_the_timeout_and_fail_closed_delays() -> Non
 
 @pytest.fixture
 def acl_server() -> Iterator[tuple[LocalService, redis.Redis]]:
-    """A dedicated Redis with an admin user, the engine user as ``default``, and an agent user."""
+    """A dedicated Redis with an admin user, the engine user and an agent user."""
     with start_redis() as service:
         bootstrap = redis.Redis(host=service.host, port=service.port)
         set_user(bootstrap, "admin", ["on", ">admin", "~*", "&*", "+@all"])
@@ -236,11 +244,8 @@ def acl_server() -> Iterator[tuple[LocalService, redis.Redis]]:
         )
         set_user(admin, ENGINE_USER, engine_acl(PREFIX, "engine-pw"))
         set_user(admin, AGENT_USER, agent_acl(PREFIX, "agent-pw"))
-        # The sink authenticates with a password only (SinkSettings has no username): the engine
-        # logs in as ``default``, restricted to the engine's rules.
-        set_user(admin, "default", engine_acl(PREFIX, "engine-pw"))
-        # The sink keeps one connection per (host, port); a recycled port must not reuse another.
-        sinks._REDIS.pop((service.host, service.port), None)
+        # Nobody else: the default user is switched off.
+        set_user(admin, "default", ["off"])
         yield service, admin
 
 
@@ -294,12 +299,13 @@ def test_the_engine_writes_its_prefix_only_and_the_agent_client_reads_it(
     with pytest.raises(redis.exceptions.NoPermissionError):
         engine.keys("*")
 
-    # The engine's own sink, as the (restricted) default user.
+    # The engine's own sink, as the engine user (redis.username / redis.password).
     now = int(time.time() * 1000)
     released = decision_row(ENTITY, now, 60_000) | {"released_at": now + 5, "notice": "released"}
     write(
         service,
         [decision_row("user=bob,broker=1", now, 60_000), released],
+        username=ENGINE_USER,
         password="engine-pw",
     )
     assert admin.get(f"{PREFIX}:produce:user=bob,broker=1") is not None

@@ -115,20 +115,15 @@ class Admin:
 
         from quotastream.client import QuotaClient  # noqa: PLC0415
 
-        settings = self.settings.redis
-        password = settings.password.get_secret_value() if settings.password else None
         timeout = self.timeout_ms / 1000
         client = redis.Redis(
-            host=settings.host,
-            port=settings.port,
-            password=password,
-            ssl=settings.ssl,
+            **self.settings.redis.connection(),
             socket_connect_timeout=timeout,
             socket_timeout=timeout,
             # One attempt: --timeout bounds the wait, not redis-py's backoff (up to 10 s).
             retry=Retry(NoBackoff(), 0),
         )
-        return QuotaClient(client, settings.key_prefix, config)
+        return QuotaClient(client, self.settings.redis.key_prefix, config)
 
     def close(self) -> None:
         if self._log is not None:

@@ -1,0 +1,272 @@
+"""The engine's metrics without Spark: the bounded exported set, the writer summary, exposition."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from state.configfile import ConfigError
+from streaming import metrics as names
+from streaming.metrics import (
+    METRICS,
+    BatchSummary,
+    EngineMetrics,
+    EntityDecision,
+    MetricsState,
+    SummaryRequest,
+)
+from streaming.settings import EngineSettings, load_engine_settings
+from streaming.stages import DECISION_SCHEMA
+
+NOW = 1_700_000_000_000
+
+
+def decision(
+    entity: str,
+    rate: float,
+    limit: float | None = 1000.0,
+    *,
+    quota: str = "produce",
+    throttle_ms: int = 0,
+    until: int | None = None,
+    released_at: int | None = None,
+    mode: str = "enforced",
+    ts: int = NOW,
+) -> EntityDecision:
+    return EntityDecision(
+        quota=quota,
+        entity=entity,
+        rate=rate,
+        limit=limit,
+        throttle_ms=throttle_ms,
+        until=ts + throttle_ms if until is None else until,
+        released_at=released_at,
+        mode=mode,
+        ts=ts,
+    )
+
+
+def samples(text: str, name: str) -> dict[str, float]:
+    """``{labels: value}`` of one metric in the exposition text."""
+    found = {}
+    for line in text.splitlines():
+        match = re.fullmatch(rf"{name}(\{{.*\}})? (\S+)", line)
+        if match:
+            found[match.group(1) or ""] = float(match.group(2))
+    return found
+
+
+def test_the_exported_set_is_bounded_by_top_k_per_quota_plus_the_throttled() -> None:
+    state = MetricsState(top_k=10)
+    quiet = [decision(f"user=u{i},broker=1", rate=float(i % 900)) for i in range(10_000)]
+    fetches = [decision(f"user=u{i},broker=1", rate=float(i), quota="fetch") for i in range(10_000)]
+    throttled = [
+        decision(f"user=hot{i},broker=1", rate=2000.0 + i, throttle_ms=5000) for i in range(25)
+    ]
+    state.fold([*quiet, *fetches, *throttled], NOW)
+    exported = state.exported(NOW)
+    per_quota = {q: [d for d in exported if d.quota == q] for q in ("produce", "fetch")}
+    assert len(per_quota["fetch"]) == 10
+    # The 10 highest fetch utilisations, and the top 10 produce ones are all throttled ones.
+    assert {d.entity for d in per_quota["fetch"]} == {
+        f"user=u{i},broker=1" for i in range(9990, 10_000)
+    }
+    assert len(per_quota["produce"]) == 25
+    assert all(d.throttle_ms_at(NOW) > 0 for d in per_quota["produce"])
+    # The driver forgets everything else; what the writers must keep returning is bounded too.
+    assert len(state.entities) == 35
+    assert len(state.tracked()) == 35
+    assert state.throttled(NOW)["produce"] == 25
+
+
+def test_entities_leaving_the_set_disappear_from_the_exposition() -> None:
+    metrics = EngineMetrics(top_k=2, port=0)
+    first = [decision("user=a", 900.0), decision("user=b", 800.0), decision("user=c", 100.0)]
+    metrics.state.fold(first, NOW)
+    assert {d.entity for d in metrics.state.exported(NOW)} == {"user=a", "user=b"}
+    # c overtakes b: b's series go.
+    metrics.state.fold([decision("user=c", 950.0)], NOW + 1000)
+    text = metrics.scrape()
+    rates = samples(text, names.BYTE_RATE)
+    assert set(rates) == {
+        '{entity="user=a",quota="produce"}',
+        '{entity="user=c",quota="produce"}',
+    }
+    assert "user=b" not in text
+
+
+def test_a_released_throttle_leaves_the_set_and_its_throttle_time_is_zero_meanwhile() -> None:
+    state = MetricsState(top_k=0)
+    pending = decision("user=slow", 5000.0, throttle_ms=8000)
+    state.fold([pending], NOW)
+    assert state.throttled(NOW)["produce"] == 1
+    assert state.exported(NOW) == []  # top_k 0: no per-entity series, the count remains
+    assert state.throttled(NOW + 8000)["produce"] == 0  # over, even before its release row
+    released = decision("user=slow", 5000.0, throttle_ms=8000, released_at=NOW + 8000)
+    state.fold([released], NOW + 9000)
+    assert state.entities == {}
+
+
+def test_unlimited_entities_have_no_limit_or_utilisation_series() -> None:
+    metrics = EngineMetrics(top_k=5, port=0)
+    metrics.state.fold(
+        [
+            decision("user=free", 10_000.0, limit=None),
+            decision("user=capped", 500.0, limit=1000.0),
+        ],
+        NOW,
+    )
+    text = metrics.scrape()
+    assert set(samples(text, names.BYTE_RATE)) == {
+        '{entity="user=free",quota="produce"}',
+        '{entity="user=capped",quota="produce"}',
+    }
+    assert set(samples(text, names.QUOTA_LIMIT)) == {'{entity="user=capped",quota="produce"}'}
+    assert samples(text, names.QUOTA_UTILISATION) == {'{entity="user=capped",quota="produce"}': 0.5}
+
+
+def test_shadow_and_released_decisions_are_not_throttled() -> None:
+    shadow = decision("user=s", 3000.0, throttle_ms=4000, mode="shadow")
+    released = decision("user=r", 3000.0, throttle_ms=4000, released_at=NOW)
+    enforced = decision("user=e", 3000.0, throttle_ms=4000)
+    assert (shadow.throttle_ms_at(NOW), released.throttle_ms_at(NOW)) == (0, 0)
+    assert enforced.throttle_ms_at(NOW + 1000) == 3000
+
+
+def test_entities_not_decided_for_keep_ms_are_forgotten_unless_throttled() -> None:
+    state = MetricsState(top_k=10, keep_ms=30_000)
+    state.fold([decision("user=old", 10.0), decision("user=held", 9000.0, throttle_ms=60_000)], NOW)
+    state.fold([decision("user=new", 5.0)], NOW + 31_000)
+    assert {entity for _, entity in state.entities} == {"user=held", "user=new"}
+
+
+def decision_row(entity: str, rate: float, **overrides: Any) -> dict[str, Any]:
+    row = dict.fromkeys(DECISION_SCHEMA.names)
+    row.update(
+        row_type="usage",
+        quota="produce",
+        entity=entity,
+        ts=NOW,
+        rate=rate,
+        limit=1000.0,
+        throttle_ms=0,
+        until=NOW,
+        exceeded=False,
+        window_ms=11_000,
+        config_version=3,
+        mode="enforced",
+    )
+    row.update(overrides)
+    return row
+
+
+def test_a_writer_summary_keeps_top_k_throttled_and_tracked_rows_only() -> None:
+    request = SummaryRequest(top_k=3, tracked=frozenset({"produce\x00user=tracked"}))
+    summary = BatchSummary(request, written_at=NOW + 250)
+    rows = [decision_row(f"user=u{i}", float(i)) for i in range(1000)]
+    rows.append(decision_row("user=tracked", 0.5, ts=NOW - 10))
+    rows.append(decision_row("user=hot", 5000.0, throttle_ms=9000, until=NOW + 9000))
+    rows.append({**dict.fromkeys(DECISION_SCHEMA.names), "row_type": "reject", "reason": "x"})
+    rows.append({**dict.fromkeys(DECISION_SCHEMA.names), "row_type": "reject", "reason": "x"})
+    timers = {"timers_pending": 1, "timers_fired": 4, "timers_cancelled": 2}
+    rows.append(
+        {**dict.fromkeys(DECISION_SCHEMA.names), "row_type": "timers", "shard": 2, **timers}
+    )
+    for row in rows:
+        summary.add(row)
+    batch = summary.batch()
+    assert isinstance(batch, pa.RecordBatch)
+    out = batch.to_pylist()
+    kept = {row["entity"] for row in out if row["kind"] == "decision"}
+    assert kept == {"user=tracked", "user=hot", "user=u999", "user=u998", "user=u997"}
+    (head,) = [row for row in out if row["kind"] == "summary"]
+    assert (head["decisions"], head["rejects"], head["config_version"]) == (1002, 2, 3)
+    assert head["written_at"] - head["newest_ts"] == 250
+
+    metrics = EngineMetrics(top_k=3, port=0, clock=lambda: (NOW + 300) / 1000)
+    metrics.record_batch(out)
+    text = metrics.scrape()
+    assert samples(text, names.DEAD_LETTER_EVENTS) == {'{reason="x"}': 2.0}
+    assert samples(text, names.TIMERS_FIRED) == {"": 4.0}
+    assert samples(text, names.TIMERS_PENDING) == {"": 1.0}
+    assert samples(text, names.EVENT_LAG) == {"": 0.25}
+    assert samples(text, names.CONFIG_VERSION) == {"": 3.0}
+    throttle = samples(text, names.THROTTLE_TIME)
+    assert 0 < throttle['{entity="user=hot",quota="produce"}'] <= 9.0
+    # A shard's counts are cumulative: only the increase is counted again.
+    timers_later = [
+        {"kind": "timers", "shard": 2, "timers_pending": 0, "timers_fired": 5,
+         "timers_cancelled": 2}
+    ]  # fmt: skip
+    metrics.record_batch(timers_later, now_ms=NOW + 1300)
+    assert samples(metrics.scrape(), names.TIMERS_FIRED) == {"": 5.0}
+
+
+def test_progress_feeds_the_batch_metrics() -> None:
+    metrics = EngineMetrics(port=0)
+    metrics.record_progress(
+        {
+            "timestamp": "2026-01-01T00:00:00.000Z",
+            "durationMs": {"triggerExecution": 1500},
+            "numInputRows": 42,
+            "inputRowsPerSecond": 21.0,
+            "processedRowsPerSecond": math.nan,
+        }
+    )
+    text = metrics.scrape()
+    assert samples(text, names.INPUT_EVENTS) == {"": 42.0}
+    assert samples(text, f"{names.BATCH_DURATION}_count") == {"": 1.0}
+    assert samples(text, names.INPUT_ROWS_PER_SECOND) == {"": 21.0}
+    assert samples(text, names.PROCESSED_ROWS_PER_SECOND) == {"": 0.0}
+    assert samples(text, names.LAST_BATCH_TIMESTAMP) == {"": 1767225601.5}
+
+
+def test_every_contract_name_is_exposed_with_its_labels() -> None:
+    metrics = EngineMetrics(top_k=5, port=0)
+    metrics.state.fold([decision("user=a", 2000.0, throttle_ms=5000)], NOW)
+    metrics.dead_letter.labels(reason="invalid_json").inc()
+    metrics.remote_log_size.labels(topic="t", partition="0").set(1)
+    metrics.record_progress({"durationMs": {"triggerExecution": 10}, "numInputRows": 0})
+    text = metrics.scrape()
+    for name, (kind, labels) in METRICS.items():
+        assert f"# TYPE {name} {kind}" in text, name
+        exposed = samples(text, f"{name}_count" if kind == "histogram" else name)
+        assert exposed, name
+        for key in exposed:
+            assert sorted(re.findall(r'(\w+)="', key)) == sorted(labels), (name, key)
+
+
+def test_the_exporter_serves_a_dedicated_registry_on_loopback() -> None:
+    first, second = EngineMetrics(port=0), EngineMetrics(port=0)
+    port = first.serve()
+    try:
+        assert port > 0
+        assert first.port == port
+        assert second.registry is not first.registry
+        import urllib.request  # noqa: PLC0415
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            assert names.TIMERS_PENDING in reply.read().decode()
+    finally:
+        first.close()
+
+
+def test_metrics_settings_default_to_loopback_and_are_validated(tmp_path: Path) -> None:
+    defaults = EngineSettings().metrics
+    assert (defaults.enabled, defaults.host, defaults.port, defaults.top_k) == (
+        True,
+        "127.0.0.1",
+        9464,
+        100,
+    )
+    assert load_engine_settings(Path("conf/engine.yaml")).metrics == defaults
+    for bad in ("port: 70000", "port: -1", "top_k: -1", "extra: 1"):
+        path = tmp_path / "engine.yaml"
+        path.write_text(f"metrics:\n  {bad}\n")
+        with pytest.raises(ConfigError, match="metrics"):
+            load_engine_settings(path)

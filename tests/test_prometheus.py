@@ -1,0 +1,174 @@
+"""A real Prometheus scrapes the engine's exporter while a client is throttled.
+
+Needs the ``prometheus`` binary (Debian package ``prometheus``: ``/usr/bin/prometheus``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from quotastream import QuotaClient
+from state.config import parse_quota_config
+from streaming.job import local_spark, start_query
+from streaming.metrics import QUOTA_UTILISATION, THROTTLE_TIME, THROTTLED_ENTITIES, EngineMetrics
+from streaming.services import LocalService, free_port
+from streaming.settings import EngineSettings
+from tests.factories import produce
+from tests.test_streaming import SteadyTraffic, engine_settings, publish
+
+# The test command's bootstrap installs it (Debian package prometheus); missing is a failure.
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = local_spark(EngineSettings())
+    yield session
+    session.stop()
+
+
+class Prometheus:
+    """A Prometheus server scraping one target every second, in its own process group."""
+
+    def __init__(self, target: str, workdir: Path) -> None:
+        self.port = free_port()
+        config = workdir / "prometheus.yml"
+        config.write_text(
+            "global:\n"
+            "  scrape_interval: 1s\n"
+            "  evaluation_interval: 1s\n"
+            "scrape_configs:\n"
+            "  - job_name: quotastream\n"
+            "    scrape_interval: 1s\n"
+            "    scrape_timeout: 1s\n"
+            f"    static_configs: [{{targets: ['{target}']}}]\n"
+        )
+        self._log = (workdir / "prometheus.log").open("wb")
+        self.process = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={workdir / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, "prometheus exited"
+            try:
+                with urllib.request.urlopen(self.url("/-/ready"), timeout=1) as reply:
+                    if reply.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"prometheus not ready within {timeout_s} s")
+
+    def query(self, expression: str) -> list[dict[str, Any]]:
+        address = self.url("/api/v1/query?" + urllib.parse.urlencode({"query": expression}))
+        with urllib.request.urlopen(address, timeout=5) as reply:
+            answer = json.loads(reply.read())
+        assert answer["status"] == "success", answer
+        result: list[dict[str, Any]] = answer["data"]["result"]
+        return result
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=15)
+        self._log.close()
+
+
+def first_value(prometheus: Prometheus, expression: str) -> float | None:
+    result = prometheus.query(expression)
+    return float(result[0]["value"][1]) if result else None
+
+
+def test_prometheus_sees_a_throttled_client(
+    spark: SparkSession, kafka: LocalService, redis_server: LocalService, tmp_path: Path
+) -> None:
+    topic = f"metrics-{uuid.uuid4().hex[:8]}"
+    publish(kafka, topic, [], partitions=1)
+    config = parse_quota_config(
+        {"clients": [{"user": "alice", "producer_byte_rate": 1000}]}, "test config"
+    )
+    settings = engine_settings(kafka, redis_server, tmp_path, topic, shuffle_partitions=1)
+    # The exporter binds loopback unless told otherwise; the test only picks a free port.
+    assert settings.metrics.host == EngineSettings().metrics.host == "127.0.0.1"
+    assert settings.metrics.enabled
+    settings = settings.model_copy(
+        update={"metrics": settings.metrics.model_copy(update={"port": 0})}
+    )
+    metrics = EngineMetrics.from_settings(settings.metrics, keep_ms=settings.redis.keep_ms)
+    port = metrics.serve()
+    assert metrics.bound_address == ("127.0.0.1", port)
+    agent = QuotaClient.connect(redis_server.host, redis_server.port, prefix=topic, config=config)
+    entity = agent.entity_of_client("produce", user="alice", client_id="app", broker=1)
+    selector = f'{{quota="produce",entity="{entity}"}}'
+
+    prometheus = Prometheus(f"127.0.0.1:{port}", tmp_path)
+    query = None
+    traffic = None
+    try:
+        prometheus.wait_ready(30)
+        query = start_query(spark, settings, config, metrics=metrics)
+        # 400 B every 100 ms against 1000 B/s: throttled while the traffic lasts.
+        traffic = SteadyTraffic(kafka, topic, produce("alice", "app", 400, 0))
+        traffic.start()
+        deadline = time.monotonic() + 75
+        throttle = utilisation = throttled = None
+        while time.monotonic() < deadline:
+            assert query.isActive, query.exception()
+            throttle = first_value(prometheus, f"{THROTTLE_TIME}{selector}")
+            utilisation = first_value(prometheus, f"{QUOTA_UTILISATION}{selector}")
+            throttled = first_value(prometheus, f'{THROTTLED_ENTITIES}{{quota="produce"}}')
+            if throttle and utilisation and throttle > 0 and utilisation > 1:
+                break
+            time.sleep(0.25)
+        found_at = deadline - time.monotonic()
+        assert (throttle or 0) > 0, (throttle, utilisation)
+        assert (utilisation or 0) > 1, (throttle, utilisation)
+        assert (throttled or 0) >= 1
+        # Spark's progress reaches Prometheus too.
+        assert (first_value(prometheus, "quotastream_input_events_total") or 0) > 0
+        up = first_value(prometheus, 'up{job="quotastream"}')
+        assert up == 1.0
+        print(
+            f"prometheus saw throttle {throttle} s, utilisation {utilisation} "
+            f"({75 - found_at:.1f} s after the query started)"
+        )
+    finally:
+        if traffic is not None:
+            traffic.stop()
+        if query is not None:
+            query.stop()
+        prometheus.stop()
+        metrics.close()
+    assert prometheus.process.returncode is not None
