@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from typing import Any
 
 BASE = 1_700_000_000_000  # epoch ms, a multiple of 1000
@@ -112,3 +113,47 @@ def mixed_payloads(seed: int, count: int, users: int = 4, span_ms: int = 20_000)
     return [
         json.dumps(rng.choice(makers)(BASE + rng.randrange(span_ms))).encode() for _ in range(count)
     ]
+
+
+def malformed_payloads(seed: int, count: int) -> list[bytes]:
+    """Payloads the validator must reject, of the kinds agents and broken producers send.
+
+    Invalid UTF-8, oversized and deeply nested payloads, NaN and infinity, wrong types,
+    overflowing integers, timestamps far outside the accepted range, unknown kinds, missing
+    fields, truncated JSON; about one in ten is sent twice.
+    """
+    rng = random.Random(seed)
+
+    def event() -> dict[str, Any]:
+        return produce(f"u{rng.randrange(5)}", "c", rng.randrange(3000), BASE + rng.randrange(9999))
+
+    def text(value: object) -> bytes:
+        return json.dumps(value).encode()
+
+    def without(field: str) -> bytes:
+        return text({k: v for k, v in event().items() if k != field})
+
+    makers: list[Callable[[], bytes]] = [
+        lambda: text(event()).replace(b'"c"', b'"c\xff"'),
+        lambda: text(event())[:-1] + b', "extra": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+        lambda: text(event()).replace(b'"bytes": ', b'"bytes": NaN, "was": '),
+        lambda: text({**event(), "bytes": float("inf")}),
+        lambda: text({**event(), "bytes": str(rng.randrange(3000))}),
+        lambda: text({**event(), "user": rng.randrange(100)}),
+        lambda: text({**event(), "bytes": 2**64 + rng.randrange(10**6)}),
+        lambda: text({**event(), "ts": 4_102_444_800_000 + rng.randrange(1, 10**12)}),
+        lambda: text({**event(), "ts": rng.randrange(0, 946_684_800_000)}),
+        lambda: text({**event(), "bytes": -rng.randrange(1, 10**6)}),
+        lambda: text({**event(), "kind": "teleport"}),
+        lambda: without(rng.choice(["user", "client_id", "broker", "ts", "bytes"])),
+        lambda: text([event()]),
+        lambda: text(event())[: rng.randrange(1, 40)],
+        lambda: text({**event(), "broker": -1}),
+    ]
+    huge = [lambda: text({**event(), "padding": "x" * 70_000})]
+    out: list[bytes] = []
+    while len(out) < count:
+        # Oversized payloads are rarer: they cost megabytes in the broker and the dead letter.
+        payload = rng.choice(huge if rng.random() < 0.01 else makers)()
+        out += [payload, payload] if rng.random() < 0.1 else [payload]
+    return out[:count]

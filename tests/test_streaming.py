@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 import uuid
@@ -22,13 +23,21 @@ from quotastream import Decision, QuotaClient
 from quotastream.client import decision_keys
 from quotastream.keys import release_channel
 from state.config import parse_quota_config
+from state.events import parse_events
 from state.live_config import Change, SetClientQuota, SetEnforcement
 from streaming.config_log import ConfigLog
 from streaming.job import local_spark, start_query
 from streaming.services import LocalService
 from streaming.settings import EngineSettings
 from tests.expected import by_key, final_decisions
-from tests.factories import BASE, MIXED_QUOTAS, mixed_payloads, produce, remote_segment
+from tests.factories import (
+    BASE,
+    MIXED_QUOTAS,
+    malformed_payloads,
+    mixed_payloads,
+    produce,
+    remote_segment,
+)
 
 CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
 
@@ -324,3 +333,51 @@ def wait_for_decision(
             return decision
         time.sleep(0.02)
     raise AssertionError(f"no such decision within {timeout_s} s; last: {decision}")
+
+
+def test_ten_thousand_malformed_messages_go_to_the_dead_letter_and_valid_ones_are_decided(
+    spark: SparkSession, kafka: LocalService, redis_server: LocalService, tmp_path: Path
+) -> None:
+    topic = f"bad-{uuid.uuid4().hex[:8]}"
+    valid = mixed_payloads(11, 2000, users=6)
+    bad = malformed_payloads(12, 10_000)
+    rng = random.Random(13)
+    mixed = [(payload, True) for payload in valid] + [(payload, False) for payload in bad]
+    rng.shuffle(mixed)
+    publish(kafka, topic, [payload for payload, _ in mixed])
+    settings = engine_settings(kafka, redis_server, tmp_path, topic)
+
+    query = start_query(spark, settings, CONFIG, available_now=True)
+    query.awaitTermination(600)
+    assert query.exception() is None
+    assert not query.isActive
+
+    # Every bad message is in the dead letter once, with the validator's reason, found by its
+    # source coordinates (publish() puts message i on partition i % 3).
+    judged = parse_events(bad).rejected.sort_values("position")
+    assert len(judged) == len(bad)
+    reason_of = dict(zip(bad, judged["reason"].astype(str), strict=True))
+    bad_at = {
+        (i % 3, i // 3): reason_of[payload]
+        for i, (payload, is_valid) in enumerate(mixed)
+        if not is_valid
+    }
+    rejected = dead_letters(kafka, f"{topic}.dead-letter")
+    got = {(r["source"]["partition"], r["source"]["offset"]): r["reason"] for r in rejected}
+    assert len(rejected) == len(got)  # no duplicates without a replay
+    assert got == bad_at
+    assert set(got.values()) >= {"invalid_utf8", "too_deep", "too_large", "ts_out_of_bounds"}
+
+    # Every valid message is decided: the final decisions are the replay core's.
+    client = redis.Redis(host=redis_server.host, port=redis_server.port)
+    expected = by_key(final_decisions(valid, CONFIG))
+    stored = {}
+    for key in decision_keys(client, topic):
+        value = client.get(key)
+        assert isinstance(value, bytes)
+        stored[key.decode().removeprefix(f"{topic}:")] = json.loads(value)
+    assert stored.keys() == {f"{quota}:{entity}" for quota, entity in expected}
+    for (quota, entity), want in expected.items():
+        got_value = stored[f"{quota}:{entity}"]
+        assert got_value["rate"] == pytest.approx(want["rate"])
+        assert got_value["throttle_ms"] == want["throttle_ms"]
