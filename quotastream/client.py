@@ -47,10 +47,15 @@ class Decision:
 
     def throttle_ms_now(self, now_ms: int | None = None) -> int:
         """How long the entity is still throttled, from now (0 for a decision not enforced)."""
-        if self.released_at is not None or not self.enforced:
-            return 0
         now = int(time.time() * 1000) if now_ms is None else now_ms
-        return max(self.until - now, 0)
+        return remaining_throttle_ms(self.until, self.released_at, self.enforced, now)
+
+
+def remaining_throttle_ms(until: int, released_at: int | None, enforced: bool, now_ms: int) -> int:
+    """How long a decision still throttles at ``now_ms``: 0 once released, or if not enforced."""
+    if released_at is not None or not enforced:
+        return 0
+    return max(until - now_ms, 0)
 
 
 def decision_keys(client: redis.Redis, prefix: str) -> list[bytes]:

@@ -39,6 +39,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 
+from quotastream.client import remaining_throttle_ms
+from state.live_config import Mode
 from state.quota_types import QuotaType
 from streaming import stages
 
@@ -94,7 +96,7 @@ QUOTAS = tuple(quota.value for quota in QuotaType)
 #: Micro-batch durations (seconds): a 1 s trigger and its usual spread.
 BATCH_DURATION_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
 
-_ENFORCED = "enforced"  # state.live_config.Mode.ENFORCED (not imported: executors load this)
+_ENFORCED = Mode.ENFORCED.value
 
 
 # --- Decisions and the exported set (pure) ---------------------------------------------------
@@ -119,15 +121,11 @@ class EntityDecision:
     @property
     def utilisation(self) -> float | None:
         """rate / limit; None when unlimited."""
-        if self.limit is None or not math.isfinite(self.limit) or self.limit <= 0:
-            return None
-        return self.rate / self.limit
+        return utilisation(self.rate, self.limit)
 
     def throttle_ms_at(self, now_ms: int) -> int:
         """The enforced throttle remaining at ``now_ms`` (0 when released or not enforced)."""
-        if self.released_at is not None or self.mode != _ENFORCED:
-            return 0
-        return max(self.until - now_ms, 0)
+        return remaining_throttle_ms(self.until, self.released_at, self.mode == _ENFORCED, now_ms)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> EntityDecision:
@@ -145,10 +143,21 @@ class EntityDecision:
         )
 
 
-def rank(decision: EntityDecision) -> tuple[float, float]:
+def utilisation(rate: float, limit: float | None) -> float | None:
+    """rate / limit; None when unlimited (no limit, NaN or infinite)."""
+    if limit is None or not 0 < limit < math.inf:
+        return None
+    return rate / limit
+
+
+def rank_key(rate: float, limit: float | None) -> tuple[float, float]:
     """Order of the top-k: utilisation first; unlimited entities after every limited one."""
-    utilisation = decision.utilisation
-    return (-1.0 if utilisation is None else utilisation, decision.rate)
+    ratio = utilisation(rate, limit)
+    return (-1.0 if ratio is None else ratio, rate)
+
+
+def rank(decision: EntityDecision) -> tuple[float, float]:
+    return rank_key(decision.rate, decision.limit)
 
 
 def select(
@@ -335,18 +344,16 @@ class BatchSummary:
         if version is not None and (self._config_version is None or version > self._config_version):
             self._config_version = version
         throttled = (
-            row["released_at"] is None
-            and row["mode"] == _ENFORCED
-            and row["until"] > self._written_at
+            remaining_throttle_ms(
+                row["until"], row["released_at"], row["mode"] == _ENFORCED, self._written_at
+            )
+            > 0
         )
         tracked = self._request.tracked
         if throttled or (tracked and tracking_key(row["quota"], row["entity"]) in tracked):
             self._kept.append(row)
         elif self._request.top_k > 0:
-            limit, rate = row["limit"], row["rate"]
-            # -1: unlimited (null, NaN or infinite), ranked after every limited entity.
-            utilisation = rate / limit if limit is not None and 0 < limit < math.inf else -1.0
-            item = ((utilisation, rate), self.decisions, row)
+            item = (rank_key(row["rate"], row["limit"]), self.decisions, row)
             heap = self._candidates.setdefault(row["quota"], [])
             if len(heap) < self._request.top_k:
                 heapq.heappush(heap, item)
@@ -618,10 +625,10 @@ class EngineMetrics:
             labels = [decision.quota, decision.entity]
             rate.add_metric(labels, decision.rate)
             throttle.add_metric(labels, decision.throttle_ms_at(now_ms) / 1000)
-            utilisation = decision.utilisation
-            if decision.limit is not None and utilisation is not None:
+            share = decision.utilisation
+            if decision.limit is not None and share is not None:
                 limit.add_metric(labels, decision.limit)
-                ratio.add_metric(labels, utilisation)
+                ratio.add_metric(labels, share)
         counts = GaugeMetricFamily(
             THROTTLED_ENTITIES, "Entities throttled now (enforced)", labels=["quota"]
         )
