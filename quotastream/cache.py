@@ -25,8 +25,6 @@ from typing import Any
 
 import redis
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from quotastream.client import Decision, QuotaClient
 from state.config import QuotaConfig
@@ -160,14 +158,10 @@ class CachedQuotaClient:
         against a dead Redis; here a lookup makes one attempt, and ``backoff_ms`` paces the next.
         """
         settings = settings or CacheSettings()
-        timeout_s = settings.timeout_ms / 1000
-        options: dict[str, Any] = {
-            "socket_timeout": timeout_s,
-            "socket_connect_timeout": timeout_s,
-            # One attempt per lookup: the backoff below paces retries, not redis-py.
-            "retry": Retry(NoBackoff(), 0),
-        } | redis_options
-        client = QuotaClient.connect(host, port, prefix, config, **options)
+        # One attempt per lookup: ``backoff_ms`` paces retries, not redis-py.
+        client = QuotaClient.connect(
+            host, port, prefix, config, timeout_s=settings.timeout_ms / 1000, **redis_options
+        )
         return CachedQuotaClient(
             client,
             settings,

@@ -9,6 +9,8 @@ from typing import Any, cast
 
 import pandas as pd
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from quotastream.keys import (
     decision_key,
@@ -106,8 +108,21 @@ class QuotaClient:
         port: int,
         prefix: str = "quotastream",
         config: QuotaConfig | None = None,
+        *,
+        timeout_s: float | None = None,
         **redis_options: Any,
     ) -> QuotaClient:
+        """A client on its own connection; ``redis_options`` go to ``redis.Redis``.
+
+        With ``timeout_s``, every call makes one attempt bounded by it: redis-py's default
+        retries (three, with backoff) would hold a call for seconds against a dead Redis.
+        """
+        if timeout_s is not None:
+            redis_options = {
+                "socket_timeout": timeout_s,
+                "socket_connect_timeout": timeout_s,
+                "retry": Retry(NoBackoff(), 0),
+            } | redis_options
         return QuotaClient(redis.Redis(host=host, port=port, **redis_options), prefix, config)
 
     def lookup(self, quota: str, entity: str) -> Decision | None:

@@ -109,21 +109,15 @@ class Admin:
         return message
 
     def redis_client(self, config: QuotaConfig | None) -> QuotaClient:
-        import redis  # noqa: PLC0415
-        from redis.backoff import NoBackoff  # noqa: PLC0415
-        from redis.retry import Retry  # noqa: PLC0415
-
         from quotastream.client import QuotaClient  # noqa: PLC0415
 
-        timeout = self.timeout_ms / 1000
-        client = redis.Redis(
+        # One attempt: --timeout bounds the wait, not redis-py's backoff (up to 10 s).
+        return QuotaClient.connect(
+            prefix=self.settings.redis.key_prefix,
+            config=config,
+            timeout_s=self.timeout_ms / 1000,
             **self.settings.redis.connection(),
-            socket_connect_timeout=timeout,
-            socket_timeout=timeout,
-            # One attempt: --timeout bounds the wait, not redis-py's backoff (up to 10 s).
-            retry=Retry(NoBackoff(), 0),
         )
-        return QuotaClient(client, self.settings.redis.key_prefix, config)
 
     def close(self) -> None:
         if self._log is not None:
