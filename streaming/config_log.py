@@ -14,6 +14,7 @@ import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Final
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
@@ -152,6 +153,11 @@ class ConfigSource:
         # a new consumer's connection and metadata.
         return _versions(self).at(version)
 
+    @cached_property
+    def cache_key(self) -> tuple[str, str, str]:
+        """Which cache of versions serves this log and base (computed once: every batch asks)."""
+        return (self.bootstrap_servers, self.topic or "", self.base.model_dump_json())
+
 
 _VERSIONS: dict[tuple[str, str, str], LiveConfigs] = {}
 
@@ -159,7 +165,7 @@ _VERSIONS: dict[tuple[str, str, str], LiveConfigs] = {}
 def _versions(source: ConfigSource) -> LiveConfigs:
     """One cache of versions per process, configuration log and base configuration."""
     assert source.topic is not None
-    key = (source.bootstrap_servers, source.topic, source.base.model_dump_json())
+    key = source.cache_key
     versions = _VERSIONS.get(key)
     if versions is None:
         log = ConfigLog(source.bootstrap_servers, source.topic, source.client)
