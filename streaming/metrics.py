@@ -331,7 +331,8 @@ class BatchSummary:
                 int(row["timers_cancelled"]),
             )
         elif row_type == stages.REMOTE_LOG:
-            total = int(json.loads(row["remote_log"])["total"])
+            document = row["remote_log"]
+            total = 0 if document is None else int(json.loads(document)["total"])
             self.remote_log(str(row["topic"]), int(row["partition"]), total)
 
     def decision(self, row: Mapping[str, Any]) -> None:

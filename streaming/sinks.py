@@ -109,9 +109,8 @@ def write_batches(
                 decisions += 1
             elif row["row_type"] == REMOTE_LOG:
                 key = remote_log_key(prefix, row["topic"], row["partition"])
-                document = json.loads(row["remote_log"])
                 # Sizes are kept, not expired: they change only with segment events.
-                if document["segments"]:
+                if row["remote_log"] is not None:
                     pipeline.set(key, row["remote_log"])
                 else:
                     pipeline.delete(key)

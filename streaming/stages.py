@@ -278,7 +278,7 @@ DECISION_SCHEMA = pa.schema(
         ("payload", pa.binary()),
         ("reason", pa.string()),
         ("detail", pa.string()),
-        ("remote_log", pa.string()),  # remote_log rows: the partition's sizes (JSON)
+        ("remote_log", pa.string()),  # remote_log rows: the partition's sizes (JSON); null: none
     ]
 )
 TIMERS = "timers"
@@ -388,9 +388,14 @@ def _remote_log_rows(sizes: RemoteLogSizes, segments: pd.DataFrame) -> pd.DataFr
             }
         )
     )
+    # None: the partition's last segment is gone, and so is its key.
     documents = [
         json.dumps(remote_log_document(sizes, topic, int(partition)), separators=(",", ":"))
-        for topic, partition in zip(changed["topic"], changed["partition"], strict=True)
+        if live
+        else None
+        for topic, partition, live in zip(
+            changed["topic"], changed["partition"], changed["live_segments"], strict=True
+        )
     ]
     return pd.DataFrame(
         {

@@ -174,6 +174,9 @@ def test_remote_segment_events_keep_partition_sizes_once_per_segment() -> None:
     assert (document["total"], document["epochs"]) == (200, {"1": 200})
     state, out = one_shard_step(stage, copies, state)
     assert (out["row_type"] == REMOTE_LOG).sum() == 0  # nothing changed: nothing to write
+    # The last segment deleted: the partition's row says so (its Redis key goes).
+    state, out = one_shard_step(stage, [segment("b", 200, "delete_finished", 1)], state)
+    assert out.loc[out["row_type"] == REMOTE_LOG, "remote_log"].tolist() == [None]
 
 
 def test_a_batch_decides_with_the_configuration_version_it_pinned() -> None:
