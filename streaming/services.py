@@ -96,9 +96,12 @@ def redis_binary(prefer_system: bool = True) -> str:
 
 
 def start_redis(
-    password: str | None = None, extra_args: Sequence[str] = (), binary: str | None = None
+    password: str | None = None,
+    extra_args: Sequence[str] = (),
+    binary: str | None = None,
+    port: int | None = None,
 ) -> LocalService:
-    """A Redis-compatible server on a free loopback port, without persistence."""
+    """A Redis-compatible server on a free loopback port (or ``port``), without persistence."""
     binary = binary or redis_binary()
 
     def command(port: int, workdir: Path) -> list[str]:
@@ -119,7 +122,7 @@ def start_redis(
             args += ["--requirepass", password]
         return [*args, *extra_args]
 
-    return _start("redis", command, ready=_redis_ready)
+    return _start("redis", command, ready=_redis_ready, port=port)
 
 
 def tansu_binary() -> str:
@@ -199,11 +202,16 @@ def _start(
     attempts: int = 5,
     timeout: float = 30.0,
     environment: dict[str, str] | None = None,
+    port: int | None = None,
 ) -> LocalService:
-    """Start ``command`` on a free port; another port is tried if the first one was taken."""
+    """Start ``command`` on a free port; another port is tried if the first one was taken.
+
+    With ``port`` (a server restarted where clients expect it), only that port is tried.
+    """
     failures = []
-    for _ in range(attempts):
-        port = free_port()
+    fixed_port = port
+    for _ in range(attempts if fixed_port is None else 1):
+        port = fixed_port or free_port()
         workdir = Path(tempfile.mkdtemp(prefix=f"quotastream-{name}-"))
         log_path = workdir / f"{name}.log"
         with log_path.open("wb") as log_file:

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import logging
 import signal
-import socket
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +30,7 @@ from quotastream.acl import (
     setuser_command,
 )
 from quotastream.keys import release_channel
-from streaming.services import LocalService, redis_binary, start_redis
+from streaming.services import LocalService, start_redis
 from streaming.sinks import SinkSettings, write_batches
 from streaming.stages import DECISION_SCHEMA
 from tests.test_redis_contract import CONFIG, decision_row
@@ -186,7 +182,8 @@ def test_a_stopped_redis_fails_open_at_once_logs_once_and_recovers_on_the_same_p
     assert registry.get_sample_value("quotastream_agent_redis_errors_total") == 2
     assert registry.get_sample_value("quotastream_agent_redis_up") == 0
 
-    with restarted_redis(port):
+    # Back where clients expect it; a port that cannot be reused fails the test.
+    with start_redis(port=port):
         write(service, [decision_row(ENTITY, now, 30_000)])
         assert client.lookup("produce", ENTITY).source is Source.FAIL_OPEN  # still backing off
         clock.advance_ms(backoff_ms)
@@ -332,29 +329,3 @@ def test_the_documented_acl_lines_are_the_ones_tested() -> None:
     docs = (Path(__file__).parents[1] / "docs" / "agents.md").read_text()
     assert setuser_command(ENGINE_USER, engine_acl("quotastream", "engine-secret")) in docs
     assert setuser_command(AGENT_USER, agent_acl("quotastream", "agent-secret")) in docs
-
-
-@contextmanager
-def restarted_redis(port: int) -> Iterator[LocalService]:
-    """A Redis on a given (just freed) port: ``start_redis`` always picks a new one."""
-    workdir = Path(tempfile.mkdtemp(prefix="quotastream-redis-restart-"))
-    args = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-    process = subprocess.Popen(
-        [*args, "--appendonly", "no", "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    service = LocalService("redis", "127.0.0.1", port, process, workdir, workdir / "redis.log")
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    pytest.skip(f"could not restart Redis on port {port}")
-                time.sleep(0.02)
-        yield service
-    finally:
-        service.stop()
