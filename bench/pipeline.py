@@ -257,7 +257,7 @@ def stage_costs(
         pd.concat(decided, ignore_index=True), schema=DECISION_SCHEMA, preserve_index=False
     )
     began = time.perf_counter()
-    list(write_batches(iter([decisions]), SinkSettings(redis_server.host, redis_server.port)))
+    list(write_batches(iter([decisions]), SinkSettings.local(redis_server.host, redis_server.port)))
     timings["redis_sink"] = time.perf_counter() - began
     source.stop()
     events = sum(batch.num_rows for batch in batches)

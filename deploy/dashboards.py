@@ -557,6 +557,35 @@ def engine_health() -> dashboard.Dashboard:
         )
         .with_panel(
             _series(
+                "Redis write failures",
+                "Failed Redis write attempts per second (retried with backoff; alert "
+                "QuotastreamRedisWriteFailures).",
+                "reqps",
+                [
+                    (
+                        "sum(rate(quotastream_redis_write_failures_total[$__rate_interval]))",
+                        "failed attempts/s",
+                    )
+                ],
+            )
+        )
+        .with_panel(
+            _series(
+                "Source data loss",
+                "Kafka partitions whose log restarted below the offsets read (alert "
+                "QuotastreamSourceDataLoss).",
+                "short",
+                [
+                    (
+                        "sum by (topic, partition) "
+                        "(increase(quotastream_source_data_loss_total[$__rate_interval]))",
+                        "{{topic}}-{{partition}}",
+                    )
+                ],
+            )
+        )
+        .with_panel(
+            _series(
                 "Throttle timers",
                 "Pending throttle-release timers (all shards) and timers fired or cancelled/s.",
                 "short",

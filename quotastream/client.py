@@ -118,11 +118,11 @@ class QuotaClient:
         retries (three, with backoff) would hold a call for seconds against a dead Redis.
         """
         if timeout_s is not None:
-            redis_options = {
+            redis_options = redis_options | {
                 "socket_timeout": timeout_s,
                 "socket_connect_timeout": timeout_s,
                 "retry": Retry(NoBackoff(), 0),
-            } | redis_options
+            }
         return QuotaClient(redis.Redis(host=host, port=port, **redis_options), prefix, config)
 
     def lookup(self, quota: str, entity: str) -> Decision | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +20,8 @@ from streaming.whatif import BASE_NAME, DEFAULT_TOP, WhatIfError, parse_options,
 EXIT_OK = 0
 EXIT_UNREADABLE_INPUT = 1
 EXIT_BAD_CONFIG = 2
+#: ``run``: a server the engine needs does not answer or refuses it; nothing was started.
+EXIT_UNREACHABLE = 3
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -196,9 +199,15 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from streaming.preflight import UnreachableError  # noqa: PLC0415
     from streaming.run import RunOptions, run  # noqa: PLC0415 - replay need not load Spark
 
     embedded = args.embedded if args.embedded is not None else args.engine_config is None
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    for chatty in ("kafka", "py4j"):  # connection chatter at INFO
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
         settings = load_engine_settings(args.engine_config)
         return run(
@@ -212,6 +221,8 @@ def _run(args: argparse.Namespace) -> int:
         )
     except ConfigError as exc:
         return _fail(EXIT_BAD_CONFIG, str(exc))
+    except UnreachableError as exc:
+        return _fail(EXIT_UNREACHABLE, f"not started: {exc}")
 
 
 def _simulate(args: argparse.Namespace) -> int:

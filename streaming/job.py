@@ -128,19 +128,7 @@ def start_query(
         outputMode="Update",
         timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
     )
-    sink = SinkSettings(
-        redis_host=settings.redis.host,
-        redis_port=settings.redis.port,
-        key_prefix=settings.redis.key_prefix,
-        keep_ms=settings.redis.keep_ms,
-        dead_letter_topic=kafka.dead_letter_topic,
-        kafka_bootstrap=kafka.bootstrap_servers,
-        redis_username=settings.redis.username,
-        redis_password=(
-            settings.redis.password.get_secret_value() if settings.redis.password else None
-        ),
-        redis_ssl=settings.redis.ssl,
-    )
+    sink = SinkSettings.of(settings)
     writer = (
         decided.writeStream.queryName(query_name)
         .outputMode("update")
@@ -175,7 +163,9 @@ def _check_config_log(settings: EngineSettings, config: QuotaConfig) -> None:
 def _update_group(
     key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: GroupState, stage: StageSettings
 ) -> Iterator[pd.DataFrame]:
-    rows = pd.concat(list(frames), ignore_index=True) if not state.hasTimedOut else _NO_ROWS
+    # Empty frames are dropped first: pandas deprecates their part in the result's dtypes.
+    given = [frame for frame in frames if len(frame)] if not state.hasTimedOut else []
+    rows = pd.concat(given, ignore_index=True) if given else _NO_ROWS
     # The batch's time, kept in the checkpoint: a replayed batch fires the same timers.
     now_ms = int(state.getCurrentProcessingTimeMs())
     previous = ShardState(*state.get) if state.exists else None

@@ -43,6 +43,7 @@ from quotastream.client import remaining_throttle_ms
 from state.live_config import Mode
 from state.quota_types import QuotaType
 from streaming import stages
+from streaming.offsets import lost_offsets
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,8 @@ PROCESSED_ROWS_PER_SECOND = "quotastream_processed_rows_per_second"
 EVENT_LAG = "quotastream_event_lag_seconds"
 CONFIG_VERSION = "quotastream_config_version"
 LAST_BATCH_TIMESTAMP = "quotastream_last_batch_timestamp_seconds"
+REDIS_WRITE_FAILURES = "quotastream_redis_write_failures_total"
+SOURCE_DATA_LOSS = "quotastream_source_data_loss_total"
 
 #: Labels of the per-entity series.
 ENTITY_LABELS = ("quota", "entity")
@@ -88,6 +91,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     EVENT_LAG: ("gauge", ()),
     CONFIG_VERSION: ("gauge", ()),
     LAST_BATCH_TIMESTAMP: ("gauge", ()),
+    REDIS_WRITE_FAILURES: ("counter", ()),
+    SOURCE_DATA_LOSS: ("counter", ("topic", "partition")),
 }
 
 #: The quota label's values.
@@ -273,6 +278,7 @@ SUMMARY_SCHEMA = pa.schema(
         ("written_at", pa.int64()),  # summary: wall clock at write (ms)
         ("newest_ts", pa.int64()),  # summary: newest event time of a new decision
         ("config_version", pa.int64()),  # summary: highest configuration version decided
+        ("redis_failures", pa.int64()),  # summary: failed Redis attempts before the write
         ("quota", pa.string()),
         ("entity", pa.string()),
         ("rate", pa.float64()),
@@ -315,6 +321,8 @@ class BatchSummary:
         self.decisions = 0
         self._newest_ts: int | None = None
         self._config_version: int | None = None
+        #: Failed Redis attempts before this batch was written (set by the writer).
+        self.redis_failures = 0
 
     def add(self, row: Mapping[str, Any]) -> None:
         """One written row of ``DECISION_SCHEMA`` (``streaming/stages.py``)."""
@@ -385,6 +393,7 @@ class BatchSummary:
             "written_at": self._written_at,
             "newest_ts": self._newest_ts,
             "config_version": self._config_version,
+            "redis_failures": self.redis_failures,
         }
         candidates = [row for heap in self._candidates.values() for _, _, row in heap]
         decisions = [_decision_fields(row) for row in [*self._kept, *candidates]]
@@ -426,6 +435,7 @@ class BatchReport:
     written_at: int | None = None
     newest_ts: int | None = None
     config_version: int | None = None
+    redis_failures: int = 0
 
     @classmethod
     def from_rows(cls, rows: Iterable[Mapping[str, Any]]) -> BatchReport:
@@ -439,6 +449,7 @@ class BatchReport:
                 report.written_at = _max(report.written_at, row["written_at"])
                 report.newest_ts = _max(report.newest_ts, row["newest_ts"])
                 report.config_version = _max(report.config_version, row["config_version"])
+                report.redis_failures += int(row["redis_failures"] or 0)
             elif kind == REJECTS:
                 report.rejects[str(row["reason"])] += int(row["rejects"])
             elif kind == TIMERS:
@@ -527,6 +538,17 @@ class EngineMetrics:
         self.last_batch = Gauge(
             LAST_BATCH_TIMESTAMP, "When the last micro-batch finished", registry=registry
         )
+        self.redis_write_failures = Counter(
+            REDIS_WRITE_FAILURES,
+            "Failed Redis write attempts (retried with backoff)",
+            registry=registry,
+        )
+        self.source_data_loss = Counter(
+            SOURCE_DATA_LOSS,
+            "Times a partition's log restarted below the offsets read (failOnDataLoss=false)",
+            ["topic", "partition"],
+            registry=registry,
+        )
         registry.register(_EntityCollector(self))
 
     @classmethod
@@ -586,6 +608,7 @@ class EngineMetrics:
             self.event_lag.set(lag)
         if report.config_version is not None:
             self.config_version.set(report.config_version)
+        self.redis_write_failures.inc(report.redis_failures)
 
     def record_progress(self, progress: Mapping[str, Any]) -> None:
         """One ``StreamingQueryProgress`` (its JSON form: a dict)."""
@@ -595,6 +618,16 @@ class EngineMetrics:
         self.input_events.inc(int(progress.get("numInputRows") or 0))
         self.input_rate.set(_finite(progress.get("inputRowsPerSecond")))
         self.processed_rate.set(_finite(progress.get("processedRowsPerSecond")))
+        for source in progress.get("sources") or ():
+            for loss in lost_offsets(source.get("startOffset"), source.get("endOffset")):
+                log.warning(
+                    "%s-%d: the log restarted at %d below offset %d; records may be lost",
+                    loss.topic,
+                    loss.partition,
+                    loss.end,
+                    loss.start,
+                )
+                self.source_data_loss.labels(topic=loss.topic, partition=str(loss.partition)).inc()
         started = progress.get("timestamp")
         if started is not None:
             began = datetime.fromisoformat(str(started).replace("Z", "+00:00")).timestamp()

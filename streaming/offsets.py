@@ -54,6 +54,34 @@ class OffsetRange:
         return self.end - self.start
 
 
+@dataclass(frozen=True)
+class LostOffsets:
+    """A partition whose batch ends below where it began: its log restarted (data loss)."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+def lost_offsets(start: object, end: object) -> list[LostOffsets]:
+    """The partitions of a micro-batch (offsets in checkpoint form) that went backwards.
+
+    Anything that is not a pair of offset mappings (another source's offsets, none) has none.
+    """
+    if not isinstance(start, Mapping) or not isinstance(end, Mapping):
+        return []
+    try:
+        begin, until = from_json(start), from_json(end)
+    except SourceOptionError:
+        return []
+    return [
+        LostOffsets(topic, partition, begin[(topic, partition)], offset)
+        for (topic, partition), offset in sorted(until.items())
+        if offset < begin.get((topic, partition), 0)
+    ]
+
+
 def plan_ranges(start: Offsets, end: Offsets) -> list[OffsetRange]:
     """One range per topic-partition that has offsets to read, in a stable order."""
     return [

@@ -19,6 +19,8 @@ from typing import Any
 
 import redis
 from kafka.admin import KafkaAdminClient, NewTopic
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from rich.console import Console
 from rich.live import Live
 
@@ -26,6 +28,8 @@ from state.config import load_quota_config
 from streaming.job import local_spark, start_query
 from streaming.live_view import snapshot
 from streaming.metrics import EngineMetrics
+from streaming.preflight import check_servers
+from streaming.redaction import first_line, redact_logs
 from streaming.services import start_kafka, start_redis
 from streaming.settings import EngineSettings
 from streaming.traffic import LiveTraffic
@@ -45,11 +49,14 @@ class RunOptions:
 
 def run(options: RunOptions) -> int:
     config = load_quota_config(Path(options.settings.quotas))
+    redact_logs(options.settings)
     console = Console(stderr=True)
     with contextlib.ExitStack() as stack:
         settings = options.settings
         if options.embedded:
             settings = stack.enter_context(_embedded(settings, console))
+        # Nothing is started against a server that does not answer (UnreachableError).
+        check_servers(settings)
         traffic = None
         if options.simulate:
             traffic = LiveTraffic(settings.kafka.bootstrap_servers, settings.kafka.topics[0])
@@ -116,7 +123,7 @@ def _embedded(settings: EngineSettings, console: Console) -> Iterator[EngineSett
 def _watch(
     settings: EngineSettings, query: Any, console: Console, duration_s: float | None
 ) -> None:
-    client = redis.Redis(**settings.redis.connection())
+    client = redis.Redis(**settings.redis.connection(), retry=Retry(NoBackoff(), 0))
     deadline = None if duration_s is None else time.monotonic() + duration_s
     interactive = console.is_terminal
     stop = _StopOnSignal()
@@ -128,16 +135,24 @@ def _watch(
         while query.isActive and not stop.requested:
             if deadline is not None and time.monotonic() >= deadline:
                 break
-            view = snapshot(client, settings.redis.key_prefix)
-            if live is not None:
-                live.update(view.table(), refresh=True)
-            else:
-                print(f"quotastream: {view.summary()}", flush=True)
+            summary = _view(client, settings, live)
+            if live is None:
+                print(f"quotastream: {summary}", flush=True)
             time.sleep(1.0)
-    print(
-        f"quotastream: final: {snapshot(client, settings.redis.key_prefix).summary()}", flush=True
-    )
+    print(f"quotastream: final: {_view(client, settings, None)}", flush=True)
     client.close()
+
+
+def _view(client: redis.Redis, settings: EngineSettings, live: Live | None) -> str:
+    """The live view's summary line; Redis being down is shown, never fatal (the query's
+    writes wait for it: ``redis.max_outage_s``)."""
+    try:
+        view = snapshot(client, settings.redis.key_prefix)
+    except (redis.RedisError, OSError) as exc:
+        return f"Redis at {settings.redis.endpoint} unreachable: {first_line(exc)}"
+    if live is not None:
+        live.update(view.table(), refresh=True)
+    return view.summary()
 
 
 class _StopOnSignal:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from state.configfile import ConfigError, describe_validation_error, read_yaml_mapping
@@ -47,7 +47,9 @@ class KafkaSettings(BaseModel):
         return {name: secret.get_secret_value() for name, secret in self.client.items()}
 
     bootstrap_servers: str = "127.0.0.1:9092"
-    topics: list[Annotated[str, Field(min_length=1)]] = ["quotastream.events"]
+    topics: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] = [
+        "quotastream.events"
+    ]
     starting_offsets: Literal["earliest", "latest"] = "latest"
     max_offsets_per_trigger: Annotated[int, Field(ge=1)] | None = None
     fail_on_data_loss: bool = True
@@ -68,18 +70,50 @@ class RedisSettings(BaseModel):
     username: str | None = None
     password: SecretStr | None = None
     ssl: bool = False
+    #: The CA that signed the server's certificate (TLS); None: the system's CAs.
+    ssl_ca_file: str | None = None
+    #: A client certificate and key, for servers that require one (``tls-auth-clients yes``).
+    ssl_cert_file: str | None = None
+    ssl_key_file: str | None = None
     key_prefix: Annotated[str, Field(min_length=1)] = "quotastream"
     keep_ms: Annotated[int, Field(ge=1)] = 30_000
+    #: Connect and read timeout of one Redis round trip.
+    timeout_ms: Annotated[int, Field(ge=1)] = 5_000
+    #: How long a micro-batch's write keeps retrying while Redis is unreachable before the
+    #: query fails (the checkpoint then replays the batch on restart).
+    max_outage_s: Annotated[float, Field(gt=0)] = 300.0
+    #: The longest pause between two attempts (exponential backoff from 50 ms): also the
+    #: longest delay between Redis coming back and the stalled write going through.
+    max_backoff_ms: Annotated[int, Field(ge=1)] = 500
+
+    @model_validator(mode="after")
+    def _client_certificate_pair(self) -> RedisSettings:
+        if (self.ssl_cert_file is None) != (self.ssl_key_file is None):
+            raise ValueError("ssl_cert_file and ssl_key_file must be set together")
+        return self
 
     def connection(self) -> dict[str, Any]:
         """redis-py connection options, with the secret password (never log the result)."""
-        return {
+        options: dict[str, Any] = {
             "host": self.host,
             "port": self.port,
             "username": self.username,
             "password": self.password.get_secret_value() if self.password else None,
+            "socket_timeout": self.timeout_ms / 1000,
+            "socket_connect_timeout": self.timeout_ms / 1000,
             "ssl": self.ssl,
         }
+        if self.ssl:
+            options.update(
+                ssl_ca_certs=self.ssl_ca_file,
+                ssl_certfile=self.ssl_cert_file,
+                ssl_keyfile=self.ssl_key_file,
+            )
+        return options
+
+    @property
+    def endpoint(self) -> str:
+        return f"{'rediss' if self.ssl else 'redis'}://{self.host}:{self.port}"
 
 
 class SparkSettings(BaseModel):

@@ -9,22 +9,29 @@ state; the dead-letter topic may hold a reject twice, identified by its source c
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import pyarrow as pa
 import redis
 from kafka import KafkaProducer
+from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.retry import Retry
 
 from quotastream.keys import decision_key, release_channel, remote_log_key, timers_key
 from state.events import dead_letter_record
 from state.live_config import Mode
 from state.throttle_timers import TimerStats
 from streaming.metrics import SUMMARY_SCHEMA, BatchSummary, SummaryRequest
+from streaming.redaction import first_line
+from streaming.settings import EngineSettings
 from streaming.stages import REJECT, REMOTE_LOG, TIMERS, USAGE
+
+log = logging.getLogger(__name__)
 
 WRITE_COUNTS = pa.schema([("decisions", pa.int64()), ("rejects", pa.int64())])
 #: What :func:`write_batches` yields when the driver asks for a metrics summary.
@@ -33,17 +40,42 @@ WRITE_SUMMARY = SUMMARY_SCHEMA
 
 @dataclass(frozen=True)
 class SinkSettings:
-    redis_host: str
-    redis_port: int
+    #: redis-py connection options (:meth:`RedisSettings.connection`; holds the password).
+    redis: Mapping[str, Any] = field(repr=False)
     key_prefix: str = "quotastream"
     #: How long a decision stays readable after it was written, at least (throttles stay
     #: until they end).
     keep_ms: int = 30_000
     dead_letter_topic: str = "quotastream.dead-letter"
     kafka_bootstrap: str = ""
-    redis_username: str | None = None
-    redis_password: str | None = field(default=None, repr=False)
-    redis_ssl: bool = False
+    #: kafka-python settings of the dead-letter producer (TLS, SASL: secrets).
+    kafka_client: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    #: While Redis is unreachable a write is retried with exponential backoff (from 50 ms up
+    #: to ``max_backoff_ms``) for at most ``max_outage_s``; then the micro-batch fails.
+    max_outage_s: float = 300.0
+    max_backoff_ms: int = 500
+
+    @staticmethod
+    def of(settings: EngineSettings) -> SinkSettings:
+        return SinkSettings(
+            redis=settings.redis.connection(),
+            key_prefix=settings.redis.key_prefix,
+            keep_ms=settings.redis.keep_ms,
+            dead_letter_topic=settings.kafka.dead_letter_topic,
+            kafka_bootstrap=settings.kafka.bootstrap_servers,
+            kafka_client=settings.kafka.client_settings(),
+            max_outage_s=settings.redis.max_outage_s,
+            max_backoff_ms=settings.redis.max_backoff_ms,
+        )
+
+    @staticmethod
+    def local(host: str, port: int, **options: Any) -> SinkSettings:
+        """Writing to a Redis without credentials (tests, benchmarks)."""
+        return SinkSettings(redis={"host": host, "port": port}, **options)
+
+
+class RedisOutageError(ConnectionError):
+    """Redis stayed unreachable for longer than a write may wait (``max_outage_s``)."""
 
 
 def decision_value(row: dict[str, Any]) -> dict[str, Any]:
@@ -86,15 +118,15 @@ def write_batches(
     """Writes one partition of a micro-batch's output; yields how many rows went where.
 
     With a ``summary`` request, yields instead a bounded summary of what was written for the
-    metrics (:data:`WRITE_SUMMARY`, ``streaming/metrics.py``).
+    metrics (:data:`WRITE_SUMMARY`, ``streaming/metrics.py``), with the failed Redis attempts.
     """
-    client = _redis(settings)
+    client = redis_client(settings)
     producer: KafkaProducer | None = None
     for batch in batches:
         rows = batch.to_pylist()
         now = int(time.time() * 1000)
         report = BatchSummary(summary, now) if summary is not None else None
-        pipeline = client.pipeline(transaction=False)
+        commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
         decisions = rejects = 0
         prefix = settings.key_prefix
         for row in rows:
@@ -102,36 +134,93 @@ def write_batches(
                 value = decision_value(row)
                 expire_at = max(value["until"], now + settings.keep_ms)
                 key = decision_key(prefix, row["quota"], row["entity"])
-                pipeline.set(key, _json(value), pxat=expire_at)
+                commands.append(("set", (key, _json(value)), {"pxat": expire_at}))
                 if row["notice"] is not None:
                     channel = release_channel(prefix, row["quota"], row["entity"])
-                    pipeline.publish(channel, _json(release_notice(row)))
+                    commands.append(("publish", (channel, _json(release_notice(row))), {}))
                 decisions += 1
             elif row["row_type"] == REMOTE_LOG:
                 key = remote_log_key(prefix, row["topic"], row["partition"])
                 # Sizes are kept, not expired: they change only with segment events.
                 if row["remote_log"] is not None:
-                    pipeline.set(key, row["remote_log"])
+                    commands.append(("set", (key, row["remote_log"]), {}))
                 else:
-                    pipeline.delete(key)
+                    commands.append(("delete", (key,), {}))
             elif row["row_type"] == TIMERS:
                 counts = {f.name: row[f"timers_{f.name}"] for f in fields(TimerStats)}
-                pipeline.hset(timers_key(prefix), str(row["shard"]), _json(counts))
+                commands.append(
+                    ("hset", (timers_key(prefix), str(row["shard"]), _json(counts)), {})
+                )
             elif row["row_type"] == REJECT:
                 producer = producer or _producer(settings)
                 producer.send(settings.dead_letter_topic, _dead_letter(row))
                 rejects += 1
             if report is not None:
                 report.add(row)
-        pipeline.execute()
+        failures = execute_with_retry(client, commands, settings)
         if producer is not None:
             producer.flush()
         if report is not None:
+            report.redis_failures = failures
             yield report.batch()
             continue
         yield pa.RecordBatch.from_pylist(
             [{"decisions": decisions, "rejects": rejects}], schema=WRITE_COUNTS
         )
+
+
+def execute_with_retry(
+    client: redis.Redis,
+    commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]],
+    settings: SinkSettings,
+) -> int:
+    """Sends ``commands`` in one pipelined round trip, retrying while Redis is unreachable.
+
+    Returns the failed attempts. Every command is idempotent but ``publish`` (a release notice
+    may then arrive twice), so a retry sends them all again. Raises :class:`RedisOutageError` once
+    Redis has been unreachable for ``max_outage_s``.
+    """
+    if not commands:
+        return 0
+    failures = 0
+    give_up_at = time.monotonic() + settings.max_outage_s
+
+    def attempt() -> None:
+        # A failed pipeline forgets its commands: each attempt builds its own.
+        pipeline = client.pipeline(transaction=False)
+        for name, args, kwargs in commands:
+            getattr(pipeline, name)(*args, **kwargs)
+        pipeline.execute()
+
+    def failed(error: Exception) -> None:
+        nonlocal failures
+        failures += 1
+        if failures == 1:
+            log.warning("Redis unreachable (%s); retrying the write", first_line(error))
+        if time.monotonic() >= give_up_at:
+            raise RedisOutageError(
+                f"Redis {_endpoint(settings)} unreachable for more than "
+                f"{settings.max_outage_s:g} s ({failures} failed attempts): {first_line(error)}"
+            ) from None
+
+    backoff = ExponentialBackoff(cap=settings.max_backoff_ms / 1000, base=0.05)
+    retry = Retry(backoff, retries=-1, supported_errors=_UNREACHABLE)
+    retry.call_with_retry(attempt, failed, is_retryable=_is_outage)
+    if failures:
+        log.warning("Redis reachable again after %d failed attempts", failures)
+    return failures
+
+
+_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+
+def _is_outage(error: Exception) -> bool:
+    # A refused login is a configuration error, not an outage: waiting will not fix it.
+    return not isinstance(error, redis.AuthenticationError)
+
+
+def _endpoint(settings: SinkSettings) -> str:
+    return f"{settings.redis.get('host')}:{settings.redis.get('port')}"
 
 
 def _json(value: dict[str, Any]) -> str:
@@ -144,32 +233,23 @@ def _dead_letter(row: dict[str, Any]) -> bytes:
     return json.dumps(record).encode()
 
 
-_REDIS: dict[tuple[str, int, str | None, str | None], redis.Redis] = {}
-_PRODUCERS: dict[str, KafkaProducer] = {}
+_REDIS: dict[tuple[tuple[str, Any], ...], redis.Redis] = {}
+_PRODUCERS: dict[tuple[tuple[str, Any], ...], KafkaProducer] = {}
 
 
-def _redis(settings: SinkSettings) -> redis.Redis:
+def redis_client(settings: SinkSettings) -> redis.Redis:
     # Keyed by the credentials too: a worker may serve queries that log in differently.
-    key = (
-        settings.redis_host,
-        settings.redis_port,
-        settings.redis_username,
-        settings.redis_password,
-    )
+    key = tuple(sorted(settings.redis.items()))
     if key not in _REDIS:
-        _REDIS[key] = redis.Redis(
-            host=settings.redis_host,
-            port=settings.redis_port,
-            username=settings.redis_username,
-            password=settings.redis_password,
-            ssl=settings.redis_ssl,
-        )
+        # No retries inside redis-py: execute_with_retry owns the backoff and the count.
+        _REDIS[key] = redis.Redis(**settings.redis, retry=Retry(NoBackoff(), 0))
     return _REDIS[key]
 
 
 def _producer(settings: SinkSettings) -> KafkaProducer:
-    if settings.kafka_bootstrap not in _PRODUCERS:
-        _PRODUCERS[settings.kafka_bootstrap] = KafkaProducer(
-            bootstrap_servers=settings.kafka_bootstrap.split(",")
+    key = (("bootstrap", settings.kafka_bootstrap), *sorted(settings.kafka_client.items()))
+    if key not in _PRODUCERS:
+        _PRODUCERS[key] = KafkaProducer(
+            bootstrap_servers=settings.kafka_bootstrap.split(","), **settings.kafka_client
         )
-    return _PRODUCERS[settings.kafka_bootstrap]
+    return _PRODUCERS[key]

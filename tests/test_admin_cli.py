@@ -700,7 +700,7 @@ def write_decision(redis_server: LocalService, prefix: str, entity: str, **row: 
         **row,
     }
     batch = pa.RecordBatch.from_pylist([values], schema=DECISION_SCHEMA)
-    settings = SinkSettings(redis_server.host, redis_server.port, key_prefix=prefix)
+    settings = SinkSettings.local(redis_server.host, redis_server.port, key_prefix=prefix)
     (counts,) = write_batches(iter([batch]), settings)
     assert counts.to_pylist() == [{"decisions": 1, "rejects": 0}]
     return now

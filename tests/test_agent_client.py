@@ -59,11 +59,13 @@ def write(
     password: str | None = None,
 ) -> None:
     sink = SinkSettings(
-        service.host,
-        service.port,
+        redis={
+            "host": service.host,
+            "port": service.port,
+            "username": username,
+            "password": password,
+        },
         key_prefix=PREFIX,
-        redis_username=username,
-        redis_password=password,
     )
     batch = pa.RecordBatch.from_pylist(rows, schema=DECISION_SCHEMA)
     (counts,) = write_batches(iter([batch]), sink)

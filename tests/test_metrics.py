@@ -231,7 +231,13 @@ def test_every_contract_name_is_exposed_with_its_labels() -> None:
     metrics.state.fold([decision("user=a", 2000.0, throttle_ms=5000)], NOW)
     metrics.dead_letter.labels(reason="invalid_json").inc()
     metrics.remote_log_size.labels(topic="t", partition="0").set(1)
-    metrics.record_progress({"durationMs": {"triggerExecution": 10}, "numInputRows": 0})
+    metrics.record_progress(
+        {
+            "durationMs": {"triggerExecution": 10},
+            "numInputRows": 0,
+            "sources": [{"startOffset": {"t": {"0": 10}}, "endOffset": {"t": {"0": 3}}}],
+        }
+    )
     text = metrics.scrape()
     for name, (kind, labels) in METRICS.items():
         assert f"# TYPE {name} {kind}" in text, name
@@ -270,3 +276,19 @@ def test_metrics_settings_default_to_loopback_and_are_validated(tmp_path: Path) 
         path.write_text(f"metrics:\n  {bad}\n")
         with pytest.raises(ConfigError, match="metrics"):
             load_engine_settings(path)
+
+
+def test_a_log_that_restarted_below_the_batch_start_is_counted_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    metrics = EngineMetrics(port=0)
+    source = {
+        "startOffset": {"events": {"0": 500, "1": 20}, "config": {"0": 2}},
+        "endOffset": {"events": {"0": 40, "1": 25}, "config": {"0": 2}},
+    }
+    metrics.record_progress({"durationMs": {}, "numInputRows": 40, "sources": [source]})
+    # Another source's offsets (not this shape) and a batch without sources count nothing.
+    metrics.record_progress({"sources": [{"startOffset": "12", "endOffset": None}]})
+    text = metrics.scrape()
+    assert samples(text, names.SOURCE_DATA_LOSS) == {'{partition="0",topic="events"}': 1.0}
+    assert "events-0: the log restarted at 40 below offset 500" in caplog.text

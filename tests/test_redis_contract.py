@@ -57,7 +57,7 @@ def decision_row(
 
 
 def write(server: LocalService, rows: list[dict[str, object]], keep_ms: int = 30_000) -> None:
-    settings = SinkSettings(server.host, server.port, key_prefix="qs", keep_ms=keep_ms)
+    settings = SinkSettings.local(server.host, server.port, key_prefix="qs", keep_ms=keep_ms)
     batch = pa.RecordBatch.from_pylist(rows, schema=DECISION_SCHEMA)
     counts = list(write_batches(iter([batch]), settings))
     assert counts[0].to_pylist() == [{"decisions": len(rows), "rejects": 0}]
@@ -162,7 +162,7 @@ def test_timer_counts_sum_over_shards(server: LocalService) -> None:
             "timers_cancelled": cancelled,
         }
 
-    settings = SinkSettings(server.host, server.port, key_prefix="timers-test")
+    settings = SinkSettings.local(server.host, server.port, key_prefix="timers-test")
     rows = [counts(0, 3, 10, 1), counts(1, 2, 5, 0)]
     batch = pa.RecordBatch.from_pylist(rows, schema=DECISION_SCHEMA)
     list(write_batches(iter([batch]), settings))

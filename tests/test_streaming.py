@@ -27,7 +27,8 @@ from state.events import parse_events
 from state.live_config import Change, SetClientQuota, SetEnforcement
 from streaming.config_log import ConfigLog
 from streaming.job import local_spark, start_query
-from streaming.services import LocalService
+from streaming.metrics import REDIS_WRITE_FAILURES, EngineMetrics
+from streaming.services import LocalService, start_redis
 from streaming.settings import EngineSettings
 from tests.expected import by_key, final_decisions
 from tests.factories import (
@@ -38,6 +39,7 @@ from tests.factories import (
     produce,
     remote_segment,
 )
+from tests.test_metrics import samples
 
 CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
 
@@ -381,3 +383,53 @@ def test_ten_thousand_malformed_messages_go_to_the_dead_letter_and_valid_ones_ar
         got_value = stored[f"{quota}:{entity}"]
         assert got_value["rate"] == pytest.approx(want["rate"])
         assert got_value["throttle_ms"] == want["throttle_ms"]
+
+
+def test_a_thirty_second_redis_outage_stalls_the_query_and_decisions_catch_up_after_it(
+    spark: SparkSession, kafka: LocalService, tmp_path: Path
+) -> None:
+    topic = f"outage-{uuid.uuid4().hex[:8]}"
+    publish(kafka, topic, [], partitions=1)
+    config = parse_quota_config(
+        {"clients": [{"user": "alice", "producer_byte_rate": 1000}]}, "test config"
+    )
+    own_redis = start_redis()
+    port = own_redis.port
+    settings = engine_settings(kafka, own_redis, tmp_path, topic, shuffle_partitions=1)
+    metrics = EngineMetrics(port=0)
+    query = start_query(spark, settings, config, metrics=metrics)
+    traffic = SteadyTraffic(kafka, topic, produce("alice", "app", 400, 0))
+    traffic.start()
+    returned: LocalService | None = None
+    try:
+        agent = QuotaClient.connect("127.0.0.1", port, prefix=topic, config=config, timeout_s=1)
+        entity = agent.entity_of_client("produce", user="alice", client_id="app", broker=1)
+        wait_for_decision(agent, entity, query, lambda d: d.throttle_ms > 0, 120)
+        batches_before = len(query.recentProgress)
+
+        own_redis.stop()
+        outage_end = time.monotonic() + 30
+        while time.monotonic() < outage_end:
+            assert query.isActive, query.exception()  # waits, does not fail or restart
+            time.sleep(1)
+        returned = start_redis(port=port)
+        back_at, back_ms = time.monotonic(), int(time.time() * 1000)
+
+        # Caught up: a decision that counts the events published while Redis was down.
+        caught_up = wait_for_decision(
+            agent, entity, query, lambda d: d.decided_at >= back_ms - 1000, 30
+        )
+        catch_up_s = time.monotonic() - back_at
+        print(f"decisions caught up {catch_up_s:.2f} s after Redis returned")
+        assert catch_up_s <= 5.0
+        assert caught_up.throttle_ms > 0
+        # Stalled, not failing: few batches ran during the outage, and none was retried.
+        assert len(query.recentProgress) - batches_before <= 3
+        failures = samples(metrics.scrape(), REDIS_WRITE_FAILURES)[""]
+        assert failures >= 40  # one attempt per max_backoff_ms (0.5 s) for 30 s
+    finally:
+        traffic.stop()
+        query.stop()
+        metrics.close()
+        if returned is not None:
+            returned.stop()

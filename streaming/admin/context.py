@@ -15,6 +15,7 @@ from state.config import QuotaConfig, load_quota_config
 from state.configfile import ConfigError
 from state.live_config import Change, LiveConfig, apply_change, describe_change
 from streaming.admin.errors import bad
+from streaming.redaction import redact, secrets_of
 from streaming.settings import EngineSettings, load_engine_settings
 
 if TYPE_CHECKING:
@@ -101,12 +102,7 @@ class Admin:
 
     def scrub(self, message: str) -> str:
         """``message`` without any secret of the settings in it."""
-        secrets = [str(v) for v in self.settings.kafka.client_settings().values()]
-        if self.settings.redis.password is not None:
-            secrets.append(self.settings.redis.password.get_secret_value())
-        for secret in sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True):
-            message = message.replace(secret, "***")
-        return message
+        return redact(message, secrets_of(self.settings))
 
     def redis_client(self, config: QuotaConfig | None) -> QuotaClient:
         from quotastream.client import QuotaClient  # noqa: PLC0415
