@@ -37,7 +37,7 @@ def check_kafka(kafka: KafkaSettings, timeout_s: float) -> None:
     try:
         consumer = KafkaConsumer(
             bootstrap_servers=kafka.bootstrap_servers.split(","),
-            api_version_auto_timeout_ms=timeout_ms,
+            bootstrap_timeout_ms=timeout_ms,
             request_timeout_ms=max(timeout_ms, 1001),
             **kafka.client_settings(),
         )
