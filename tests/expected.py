@@ -10,6 +10,28 @@ from state.config import QuotaConfig
 from state.core import QuotaCore
 from state.events import parse_events
 
+#: Per (table, entity key): the entity's clock and its retained ``{sample: bytes}``.
+WindowState = dict[tuple[str, str], tuple[int | None, dict[int, int]]]
+
+
+def replayed(values: list[bytes], config: QuotaConfig) -> tuple[QuotaCore, pd.DataFrame]:
+    """The batch recomputation: every valid event through one core, in time order."""
+    events = parse_events(values).accepted.sort_values("ts", kind="stable", ignore_index=True)
+    core = QuotaCore(config)
+    return core, core.decide(events)
+
+
+def window_state(cores: list[QuotaCore]) -> WindowState:
+    """Every entity's rolling window in ``cores`` (one per shard, entities disjoint)."""
+    state: WindowState = {}
+    for core in cores:
+        tables = {q.value: t for q, t in core.tables.items()} | {"partitions": core.copy_partitions}
+        for name, table in tables.items():
+            for key in table.keys:
+                assert (name, str(key)) not in state, f"{key} is kept by two shards"
+                state[(name, str(key))] = (table.clock_of(key), table.retained(key))
+    return state
+
 
 def final_decisions(values: list[bytes], config: QuotaConfig) -> pd.DataFrame:
     """The latest decision per (quota, entity) after every event, as the engine publishes them.
@@ -17,8 +39,7 @@ def final_decisions(values: list[bytes], config: QuotaConfig) -> pd.DataFrame:
     Final windows do not depend on arrival order, so replaying in time order puts each entity's
     decision at its clock last. Each uploading partition's fair wait is a decision of its own.
     """
-    events = parse_events(values).accepted.sort_values("ts", kind="stable", ignore_index=True)
-    decided = QuotaCore(config).decide(events)
+    decided = replayed(values, config)[1]
     decided = decided.assign(
         quota=decided["quota"].astype(str), entity=decided["entity"].astype(str)
     )
