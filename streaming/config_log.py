@@ -65,9 +65,15 @@ class ConfigLog:
         self._check_partitions()
 
     def end(self) -> int:
-        """The newest version: how many change records the log holds."""
-        partitions = self._check_partitions()
-        if not partitions:
+        """The newest version: how many change records the log holds (in partition 0).
+
+        The partition count is checked where the topic is created or first used
+        (:meth:`ensure_topic`), not here: a broker that lost its log may recreate the topic
+        with its default count when a client asks for it, and the query's source reports that
+        loss (the version goes back) instead of every executor failing on it.
+        """
+        partitions = self._reader().partitions_for_topic(self.topic) or set()
+        if 0 not in partitions:
             return 0
         ends = true_end_offsets(self._reader(), [self._partition], self._timeout_ms)
         return ends[(self.topic, 0)]

@@ -15,12 +15,17 @@ log = logging.getLogger(__name__)
 
 
 def new_consumer(bootstrap_servers: str, client: Mapping[str, Any]) -> KafkaConsumer:
-    """A consumer that reads assigned partitions from given offsets and commits nothing."""
+    """A consumer that reads assigned partitions from given offsets and commits nothing.
+
+    It never creates a topic by asking for it: a broker that lost its topics would otherwise
+    recreate them with its default partition count, hiding the loss.
+    """
     settings: dict[str, Any] = {
         "bootstrap_servers": bootstrap_servers.split(","),
         "group_id": None,
         "enable_auto_commit": False,
         "auto_offset_reset": "none",
+        "allow_auto_create_topics": False,
         **client,
     }
     return KafkaConsumer(**settings)

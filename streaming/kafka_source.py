@@ -9,9 +9,9 @@ Spark's JVM Kafka connector is not always available, so quotastream reads Kafka 
 * the end of a partition is what its records say, not only what ListOffsets says: some brokers
   (tansu, which the tests and the embedded default use) report the base offset of the last batch
   plus one, so the driver reads the tail once and takes the fetch's high watermark;
-* offsets that vanish (retention, a broker that lost its log) fail the query with the topic,
-  partition and offsets named, or with ``failOnDataLoss=false`` log a warning and restart that
-  partition from its earliest offset.
+* offsets that vanish (retention, a broker that lost its log, a deleted topic) fail the query
+  with the topic, partition and offsets named, or with ``failOnDataLoss=false`` log a warning and
+  restart that partition from its earliest offset when it is back.
 
 Usage::
 
@@ -144,6 +144,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for tp, end in available.items():
             if end < begin.get(tp, 0):
                 self._lost(tp, f"the next offset to read is {begin[tp]} but the log ends at {end}")
+        for tp, offset in begin.items():
+            if tp[0] in self.options.topics and tp not in available:
+                self._lost(tp, f"the partition is gone (the next offset to read was {offset})")
         if self._target is not None:
             # Stop at what existed when the query started; never go back behind the checkpoint.
             target = self._target
@@ -153,7 +156,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             }
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         ends = limit_end({tp: begin[tp] for tp in available}, available, max_rows)
-        return to_json({**begin, **{tp: max(end, 0) for tp, end in ends.items()}, **self._config()})
+        config = self._config()
+        for tp, version in config.items():
+            if version < begin.get(tp, 0):
+                self._lost(tp, f"the configuration log ends at {version}, below {begin[tp]}")
+        return to_json({**begin, **{tp: max(end, 0) for tp, end in ends.items()}, **config})
 
     @override
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:

@@ -65,21 +65,33 @@ class LostOffsets:
 
 
 def lost_offsets(start: object, end: object) -> list[LostOffsets]:
-    """The partitions of a micro-batch (offsets in checkpoint form) that went backwards.
+    """The partitions of a micro-batch that went backwards, from Spark's progress: each offset
+    is this source's checkpoint form, as JSON text or parsed.
 
-    Anything that is not a pair of offset mappings (another source's offsets, none) has none.
+    Anything else (another source's offsets, none) has none.
     """
-    if not isinstance(start, Mapping) or not isinstance(end, Mapping):
-        return []
-    try:
-        begin, until = from_json(start), from_json(end)
-    except SourceOptionError:
+    begin, until = _checkpoint_offsets(start), _checkpoint_offsets(end)
+    if begin is None or until is None:
         return []
     return [
         LostOffsets(topic, partition, begin[(topic, partition)], offset)
         for (topic, partition), offset in sorted(until.items())
         if offset < begin.get((topic, partition), 0)
     ]
+
+
+def _checkpoint_offsets(value: object) -> Offsets | None:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if not isinstance(value, Mapping):
+        return None
+    try:
+        return from_json(value)
+    except SourceOptionError:
+        return None
 
 
 def plan_ranges(start: Offsets, end: Offsets) -> list[OffsetRange]:

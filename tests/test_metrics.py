@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -282,13 +283,14 @@ def test_a_log_that_restarted_below_the_batch_start_is_counted_and_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     metrics = EngineMetrics(port=0)
+    # As PySpark's progress gives them: JSON text.
     source = {
-        "startOffset": {"events": {"0": 500, "1": 20}, "config": {"0": 2}},
-        "endOffset": {"events": {"0": 40, "1": 25}, "config": {"0": 2}},
+        "startOffset": json.dumps({"events": {"0": 500, "1": 20}, "config": {"0": 2}}),
+        "endOffset": json.dumps({"events": {"0": 40, "1": 25}, "config": {"0": 2}}),
     }
     metrics.record_progress({"durationMs": {}, "numInputRows": 40, "sources": [source]})
     # Another source's offsets (not this shape) and a batch without sources count nothing.
-    metrics.record_progress({"sources": [{"startOffset": "12", "endOffset": None}]})
+    metrics.record_progress({"sources": [{"startOffset": "12", "endOffset": "{not json"}]})
     text = metrics.scrape()
     assert samples(text, names.SOURCE_DATA_LOSS) == {'{partition="0",topic="events"}': 1.0}
     assert "events-0: the log restarted at 40 below offset 500" in caplog.text

@@ -15,16 +15,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from pyspark.sql import SparkSession
 
 from quotastream import QuotaClient
 from state.config import parse_quota_config
-from streaming.job import local_spark, start_query
+from streaming.job import start_query
 from streaming.metrics import QUOTA_UTILISATION, THROTTLE_TIME, THROTTLED_ENTITIES, EngineMetrics
 from streaming.services import LocalService, free_port
 from streaming.settings import EngineSettings
@@ -33,13 +31,6 @@ from tests.test_streaming import SteadyTraffic, engine_settings, publish
 
 # The test command's bootstrap installs it (Debian package prometheus); missing is a failure.
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = local_spark(EngineSettings())
-    yield session
-    session.stop()
 
 
 class Prometheus:

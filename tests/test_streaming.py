@@ -7,7 +7,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from state.config import parse_quota_config
 from state.events import parse_events
 from state.live_config import Change, SetClientQuota, SetEnforcement
 from streaming.config_log import ConfigLog
-from streaming.job import local_spark, start_query
+from streaming.job import start_query
 from streaming.metrics import REDIS_WRITE_FAILURES, EngineMetrics
 from streaming.services import LocalService, start_redis
 from streaming.settings import EngineSettings
@@ -42,13 +42,6 @@ from tests.factories import (
 from tests.test_metrics import samples
 
 CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = local_spark(EngineSettings())
-    yield session
-    session.stop()
 
 
 def engine_settings(
@@ -78,10 +71,13 @@ def engine_settings(
     )
 
 
-def publish(kafka: LocalService, topic: str, values: list[bytes], partitions: int = 3) -> None:
-    admin = KafkaAdminClient(bootstrap_servers=kafka.address)
-    admin.create_topics([NewTopic(topic, partitions, 1)])
-    admin.close()
+def publish(
+    kafka: LocalService, topic: str, values: list[bytes], partitions: int = 3, create: bool = True
+) -> None:
+    if create:
+        admin = KafkaAdminClient(bootstrap_servers=kafka.address)
+        admin.create_topics([NewTopic(topic, partitions, 1)])
+        admin.close()
     producer = KafkaProducer(bootstrap_servers=kafka.address, linger_ms=10)
     for i, value in enumerate(values):
         producer.send(topic, value, partition=i % partitions)
