@@ -49,9 +49,8 @@ _NO_ROWS = pd.DataFrame(columns=STAGE_SCHEMA.names)
 def local_spark(settings: EngineSettings, app_name: str = "quotastream") -> SparkSession:
     """A Spark session for the engine; workers run this interpreter (where quotastream is)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder: Any = SparkSession.builder
-    spark: SparkSession = (
-        builder.master(settings.spark.master)
+    builder: Any = (
+        SparkSession.builder.master(settings.spark.master)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", str(settings.spark.shuffle_partitions))
@@ -64,8 +63,10 @@ def local_spark(settings: EngineSettings, app_name: str = "quotastream") -> Spar
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         # Stopping a query whose foreachBatch is running overflowed the default thread stack.
         .config("spark.driver.extraJavaOptions", "-Xss16m")
-        .getOrCreate()
     )
+    for key, value in settings.spark.conf.items():
+        builder = builder.config(key, value)
+    spark: SparkSession = builder.getOrCreate()
     spark.dataSource.register(KafkaSource)
     return spark
 

@@ -362,3 +362,107 @@ def _die_with_parent() -> None:
     if platform.system() == "Linux":
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class SparkCluster:
+    """A Spark standalone cluster on loopback: a Master and its Workers (pyspark's own jars)."""
+
+    master: LocalService
+    workers: list[LocalService]
+
+    @property
+    def url(self) -> str:
+        return f"spark://{self.master.address}"
+
+    def stop(self) -> None:
+        for service in [*self.workers, self.master]:
+            service.stop(timeout=10.0)
+
+    def __enter__(self) -> SparkCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_spark_cluster(workers: int = 2, cores: int = 1, memory: str = "1g") -> SparkCluster:
+    """A Master and ``workers`` Workers started with ``spark-class``, as an operator would
+    without a cluster manager; each Worker offers ``cores`` cores and ``memory``."""
+    spark_class = Path(sys.executable).with_name("spark-class")
+    if not spark_class.is_file():
+        raise ServiceError(f"no spark-class beside {sys.executable}: is pyspark installed?")
+    environment = _spark_environment()
+    master = _start(
+        "spark-master",
+        lambda port, workdir: [
+            str(spark_class),
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            _LOOPBACK,
+            "--port",
+            str(port),
+            "--webui-port",
+            "0",
+        ],
+        ready=_log_says(b"I have been elected leader"),
+        environment=environment,
+        timeout=120.0,
+    )
+    def start_worker() -> LocalService:
+        return _start(
+            "spark-worker",
+            lambda port, workdir: [
+                str(spark_class),
+                "org.apache.spark.deploy.worker.Worker",
+                f"spark://{master.address}",
+                "--host",
+                _LOOPBACK,
+                "--port",
+                str(port),
+                "--webui-port",
+                "0",
+                "--cores",
+                str(cores),
+                "--memory",
+                memory,
+                "--work-dir",
+                str(workdir / "work"),
+            ],
+            ready=_log_says(b"Successfully registered with master"),
+            environment=environment,
+            timeout=120.0,
+        )
+
+    started: list[LocalService] = []
+    try:
+        while len(started) < workers:
+            started.append(start_worker())
+    except ServiceError:
+        for service in [*started, master]:
+            service.stop()
+        raise
+    return SparkCluster(master, started)
+
+
+def _spark_environment() -> dict[str, str]:
+    import pyspark  # noqa: PLC0415 - only a cluster needs to find Spark's jars
+
+    return {
+        **os.environ,
+        # spark-class otherwise asks the system's python3, which may not have pyspark.
+        "SPARK_HOME": str(Path(pyspark.__file__).parent),
+        "SPARK_LOCAL_IP": _LOOPBACK,
+        "SPARK_LOCAL_HOSTNAME": _LOOPBACK,
+        "SPARK_DAEMON_MEMORY": "256m",
+        # The REST submission server listens on a fixed port (6066) otherwise.
+        "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
+        "PYSPARK_PYTHON": sys.executable,
+    }
+
+
+def _log_says(line: bytes) -> Callable[[int, Path], bool]:
+    def ready(port: int, log_path: Path) -> bool:
+        return line in log_path.read_bytes()
+
+    return ready

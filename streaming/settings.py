@@ -125,6 +125,8 @@ class SparkSettings(BaseModel):
     shards: Annotated[int, Field(ge=1, le=4096)] = 8
     trigger_ms: Annotated[int, Field(ge=0)] = 1000
     shuffle_partitions: Annotated[int, Field(ge=1)] = 2
+    #: More Spark settings for the session, e.g. ``spark.executor.memory`` on a cluster.
+    conf: dict[str, str] = {}
 
 
 class TimerSettings(BaseModel):

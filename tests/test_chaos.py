@@ -30,7 +30,7 @@ from quotastream.client import decision_keys
 from state.config import QuotaConfig, load_quota_config
 from state.core import QuotaCore
 from state.events import parse_events
-from streaming.services import LocalService
+from streaming.services import LocalService, start_spark_cluster
 from tests.expected import by_key, final_decisions, replayed, window_state
 from tests.factories import MIXED_QUOTAS, mixed_payloads
 
@@ -235,5 +235,82 @@ def test_ten_sigkills_of_the_driver_lose_nothing_and_count_nothing_twice(
     )
     assert len(kills) >= KILLS
     assert sum(k.during == "start-up" for k in kills) == KILLS // 4
+    config = load_quota_config(tmp_path / "quotas.yaml")
+    assert_matches_batch_recomputation(spark, checkpoint, redis_server, topic, values, config)
+
+
+def batches_needed(checkpoint: Path, topic: str, records: int) -> int | None:
+    """The id of the micro-batch that reads up to ``records`` records of ``topic`` (planned)."""
+    folder = checkpoint / "offsets"
+    for path in sorted(
+        folder.iterdir() if folder.exists() else [],
+        key=lambda p: int(p.name) if p.name.isdigit() else -1,
+    ):
+        if not path.name.isdigit():
+            continue
+        offsets = json.loads(path.read_text().splitlines()[-1])
+        if sum(int(o) for o in offsets.get(topic, {}).values()) >= records:
+            return int(path.name)
+    return None
+
+
+def test_a_standalone_cluster_loses_a_worker_mid_stream_and_loses_no_byte(
+    spark: SparkSession, kafka: LocalService, redis_server: LocalService, tmp_path: Path
+) -> None:
+    topic = "cluster"
+    values = mixed_payloads(17, 6000, users=20, span_ms=5000)
+    publish(kafka, topic, values)
+    with start_spark_cluster(workers=2, cores=1, memory="1g") as cluster:
+        engine = engine_file(
+            tmp_path,
+            kafka,
+            redis_server,
+            topic,
+            master=cluster.url,
+            conf={
+                "spark.executor.cores": "1",
+                "spark.executor.memory": "512m",
+                "spark.cores.max": "2",
+                "spark.driver.host": "127.0.0.1",
+            },
+        )
+        checkpoint = tmp_path / "checkpoint"
+        log = (tmp_path / "driver.log").open("wb")
+        driver = subprocess.Popen(
+            quotastream("run", "--engine-config", str(engine), "--no-simulate"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 300
+            while commits(checkpoint) < 4:
+                assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "no micro-batches on the cluster"
+                time.sleep(0.1)
+            # Mid-stream: one Worker (and with it its executor) is gone for good.
+            before_kill = commits(checkpoint)
+            victim = cluster.workers[0]
+            victim.process.kill()
+            killed_at = time.monotonic()
+            victim.stop()
+            while commits(checkpoint) == before_kill:
+                assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "no micro-batch after the worker was lost"
+                time.sleep(0.05)
+            resumed_s = time.monotonic() - killed_at
+            while (last := batches_needed(checkpoint, topic, len(values))) is None or commits(
+                checkpoint
+            ) <= last:
+                assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "the cluster did not read every record"
+                time.sleep(0.1)
+        finally:
+            driver.send_signal(signal.SIGTERM)
+            driver.wait(60)
+            log.close()
+        assert driver.returncode == 0, (tmp_path / "driver.log").read_text()[-3000:]
+    driver_log = (tmp_path / "driver.log").read_text()
+    assert "Lost executor" in driver_log  # the kill did take an executor away
+    print(f"worker killed after batch {before_kill}; next batch {resumed_s:.1f} s later")
     config = load_quota_config(tmp_path / "quotas.yaml")
     assert_matches_batch_recomputation(spark, checkpoint, redis_server, topic, values, config)
