@@ -29,7 +29,7 @@ from state.config import QuotaConfig
 from streaming.config_log import ConfigLog, ConfigSource
 from streaming.kafka_source import KafkaSource
 from streaming.metrics import EngineMetrics
-from streaming.settings import EngineSettings
+from streaming.settings import EngineSettings, KafkaSettings
 from streaming.sinks import WRITE_COUNTS, WRITE_SUMMARY, SinkSettings, write_batches
 from streaming.stages import (
     DECISION_SCHEMA,
@@ -85,21 +85,10 @@ def start_query(
     The exporter is not started here: :func:`streaming.run.run` starts it once per process.
     """
     kafka = settings.kafka
-    reader = (
-        spark.readStream.format(KafkaSource.name())
-        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
-        .option("subscribe", ",".join(kafka.topics))
-        .option("startingOffsets", kafka.starting_offsets)
-        .option("failOnDataLoss", str(kafka.fail_on_data_loss).lower())
-    )
-    if kafka.max_offsets_per_trigger:
-        reader = reader.option("maxOffsetsPerTrigger", str(kafka.max_offsets_per_trigger))
-    for name, value in kafka.client_settings().items():
-        reader = reader.option(f"kafka.{name.replace('_', '.')}", value)
+    reader = spark.readStream.format(KafkaSource.name()).options(**source_options(kafka))
     live_configs = None
     if kafka.config_topic is not None:
         _check_config_log(settings, config)
-        reader = reader.option("configTopic", kafka.config_topic)
         live_configs = ConfigSource(
             config, kafka.bootstrap_servers, kafka.config_topic, kafka.client_settings()
         )
@@ -144,6 +133,24 @@ def start_query(
     if metrics is not None:
         metrics.attach(spark, str(query.id))
     return query
+
+
+def source_options(kafka: KafkaSettings) -> dict[str, str]:
+    """The Kafka source's options (``streaming/offsets.py``), client settings as ``kafka.*``
+    (``security_protocol`` -> ``kafka.security.protocol``); holds secrets: never log it."""
+    options = {
+        "kafka.bootstrap.servers": kafka.bootstrap_servers,
+        "subscribe": ",".join(kafka.topics),
+        "startingOffsets": kafka.starting_offsets,
+        "failOnDataLoss": str(kafka.fail_on_data_loss).lower(),
+    }
+    if kafka.max_offsets_per_trigger:
+        options["maxOffsetsPerTrigger"] = str(kafka.max_offsets_per_trigger)
+    if kafka.config_topic is not None:
+        options["configTopic"] = kafka.config_topic
+    for name, value in kafka.client_settings().items():
+        options[f"kafka.{name.replace('_', '.')}"] = str(value)
+    return options
 
 
 def _check_config_log(settings: EngineSettings, config: QuotaConfig) -> None:

@@ -20,6 +20,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -101,20 +102,36 @@ def redis_binary(prefer_system: bool = True) -> str:
     return str(binary)
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """A server's certificate and key (PEM), and the CA that signed them."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+
 def start_redis(
     password: str | None = None,
     extra_args: Sequence[str] = (),
     binary: str | None = None,
     port: int | None = None,
+    tls: TlsFiles | None = None,
 ) -> LocalService:
-    """A Redis-compatible server on a free loopback port (or ``port``), without persistence."""
+    """A Redis-compatible server on a free loopback port (or ``port``), without persistence.
+
+    With ``tls`` it speaks only TLS on that port (Debian's redis-server is built with TLS)."""
     binary = binary or redis_binary()
 
     def command(port: int, workdir: Path) -> list[str]:
+        listen = ["--port", str(port)]
+        if tls is not None:
+            listen = ["--port", "0", "--tls-port", str(port), "--tls-auth-clients", "no"]
+            listen += ["--tls-cert-file", str(tls.cert), "--tls-key-file", str(tls.key)]
+            listen += ["--tls-ca-cert-file", str(tls.ca)]
         args = [
             binary,
-            "--port",
-            str(port),
+            *listen,
             "--bind",
             _LOOPBACK,
             "--save",
@@ -128,7 +145,31 @@ def start_redis(
             args += ["--requirepass", password]
         return [*args, *extra_args]
 
-    return _start("redis", command, ready=_redis_ready, port=port)
+    ready = _redis_ready if tls is None else _tls_redis_ready
+    return _start("redis", command, ready=ready, port=port)
+
+
+def start_tls_proxy(target: LocalService, tls: TlsFiles, port: int | None = None) -> LocalService:
+    """TLS in front of ``target`` (Debian's stunnel): clients speak TLS to the returned port,
+    ``target`` gets the plaintext. tansu 0.6 cannot combine its own ``--cert`` and ``--key``."""
+    binary = shutil.which("stunnel4") or shutil.which("stunnel")
+    if binary is None:
+        raise ServiceError("no stunnel on PATH (apt-get install stunnel4)")
+
+    def command(port: int, workdir: Path) -> list[str]:
+        config = workdir / "stunnel.conf"
+        config.write_text(
+            "foreground = yes\n"
+            "pid =\n"
+            "[tls]\n"
+            f"accept = {_LOOPBACK}:{port}\n"
+            f"connect = {target.address}\n"
+            f"cert = {tls.cert}\n"
+            f"key = {tls.key}\n"
+        )
+        return [binary, str(config)]
+
+    return _start("tls-proxy", command, ready=_log_says(b"Configuration successful"), port=port)
 
 
 def tansu_binary() -> str:
@@ -161,10 +202,12 @@ def start_kafka(
     port: int | None = None,
     storage: str = "memory://tansu/",
     storage_environment: Mapping[str, str] | None = None,
+    advertised_port: int | None = None,
 ) -> LocalService:
     """A Kafka-compatible broker (tansu) on a free loopback port (or ``port``, to restart one
     where clients expect it). In-memory storage by default; ``s3://BUCKET/`` with the variables
-    of :meth:`ObjectStore.environment` keeps the log in an object store across restarts."""
+    of :meth:`ObjectStore.environment` keeps the log in an object store across restarts.
+    ``advertised_port``: where clients are told to connect (a TLS proxy in front of it)."""
     binary = tansu_binary()
 
     def command(port: int, workdir: Path) -> list[str]:
@@ -175,7 +218,7 @@ def start_kafka(
             "--listener-url",
             url,
             "--advertised-listener-url",
-            url,
+            f"tcp://{_LOOPBACK}:{advertised_port or port}",
             "--storage-engine",
             storage,
             *extra_args,
@@ -311,6 +354,27 @@ def _redis_ready(port: int, log_path: Path) -> bool:
             reply = connection.recv(64)
     except OSError:
         return False
+    return _pong(reply)
+
+
+def _tls_redis_ready(port: int, log_path: Path) -> bool:
+    # Only proves that it is up: the caller's client verifies the certificate.
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with (
+            socket.create_connection((_LOOPBACK, port), timeout=0.5) as raw,
+            context.wrap_socket(raw) as connection,
+        ):
+            connection.sendall(b"PING\r\n")
+            reply = connection.recv(64)
+    except OSError:
+        return False
+    return _pong(reply)
+
+
+def _pong(reply: bytes) -> bool:
     # A server with a password answers NOAUTH: it is up all the same.
     return reply.startswith((b"+PONG", b"-NOAUTH"))
 
@@ -409,6 +473,7 @@ def start_spark_cluster(workers: int = 2, cores: int = 1, memory: str = "1g") ->
         environment=environment,
         timeout=120.0,
     )
+
     def start_worker() -> LocalService:
         return _start(
             "spark-worker",

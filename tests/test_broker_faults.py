@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
@@ -162,7 +163,7 @@ def test_a_broker_that_keeps_its_log_in_an_object_store_restarts_without_losing_
             if query is not None:
                 query.stop()
             broker.stop()
-    stored = stored_decisions(redis_server, topic)
+    stored = stored_decisions(redis.Redis(host=redis_server.host, port=redis_server.port), topic)
     expected = by_key(final_decisions(values, CONFIG))
     assert len(stored) == len(expected)
     for (quota, entity), want in expected.items():

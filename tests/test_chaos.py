@@ -167,8 +167,7 @@ def checkpoint_cores(spark: SparkSession, checkpoint: Path, config: QuotaConfig)
     return [QuotaCore.restore(config, bytes(row["value"]["groupState"]["tables"])) for row in rows]
 
 
-def stored_decisions(redis_server: LocalService, prefix: str) -> dict[str, dict[str, Any]]:
-    client = redis.Redis(host=redis_server.host, port=redis_server.port)
+def stored_decisions(client: redis.Redis, prefix: str) -> dict[str, dict[str, Any]]:
     stored: dict[str, dict[str, Any]] = {}
     for raw_key in decision_keys(client, prefix):
         raw = client.get(raw_key)
@@ -199,7 +198,7 @@ def assert_matches_batch_recomputation(
         f"{prefix}:{quota}:{entity}": row
         for (quota, entity), row in by_key(final_decisions(values, config)).items()
     }
-    stored = stored_decisions(redis_server, prefix)
+    stored = stored_decisions(redis.Redis(host=redis_server.host, port=redis_server.port), prefix)
     assert stored.keys() == expected.keys()
     for key, want in expected.items():
         assert stored[key]["rate"] == pytest.approx(want["rate"]), key
