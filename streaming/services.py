@@ -457,46 +457,31 @@ def start_spark_cluster(workers: int = 2, cores: int = 1, memory: str = "1g") ->
     if not spark_class.is_file():
         raise ServiceError(f"no spark-class beside {sys.executable}: is pyspark installed?")
     environment = _spark_environment()
-    master = _start(
-        "spark-master",
-        lambda port, workdir: [
-            str(spark_class),
-            "org.apache.spark.deploy.master.Master",
-            "--host",
-            _LOOPBACK,
-            "--port",
-            str(port),
-            "--webui-port",
-            "0",
-        ],
-        ready=_log_says(b"I have been elected leader"),
-        environment=environment,
-        timeout=120.0,
-    )
 
-    def start_worker() -> LocalService:
+    def daemon(name: str, main_class: str, ready: bytes, *args: str) -> LocalService:
         return _start(
-            "spark-worker",
+            name,
             lambda port, workdir: [
                 str(spark_class),
-                "org.apache.spark.deploy.worker.Worker",
-                f"spark://{master.address}",
-                "--host",
-                _LOOPBACK,
-                "--port",
-                str(port),
-                "--webui-port",
-                "0",
-                "--cores",
-                str(cores),
-                "--memory",
-                memory,
-                "--work-dir",
-                str(workdir / "work"),
+                f"org.apache.spark.deploy.{main_class}",
+                *args,
+                *("--host", _LOOPBACK, "--port", str(port), "--webui-port", "0"),
+                *(["--work-dir", str(workdir / "work")] if main_class.startswith("worker") else []),
             ],
-            ready=_log_says(b"Successfully registered with master"),
+            ready=_log_says(ready),
             environment=environment,
             timeout=120.0,
+        )
+
+    master = daemon("spark-master", "master.Master", b"I have been elected leader")
+
+    def start_worker() -> LocalService:
+        return daemon(
+            "spark-worker",
+            "worker.Worker",
+            b"Successfully registered with master",
+            f"spark://{master.address}",
+            *("--cores", str(cores), "--memory", memory),
         )
 
     started: list[LocalService] = []

@@ -39,8 +39,15 @@ SEED = int(os.environ.get("QUOTASTREAM_CHAOS_SEED", "20261122"))
 
 
 def engine_file(
-    tmp_path: Path, kafka: LocalService, redis_server: LocalService, topic: str, **spark: Any
+    tmp_path: Path,
+    topic: str,
+    bootstrap_servers: str,
+    redis_settings: dict[str, Any],
+    kafka: dict[str, Any] | None = None,
+    spark: dict[str, Any] | None = None,
+    metrics: dict[str, Any] | None = None,
 ) -> Path:
+    """An engine file reading ``topic`` from the start, with the mixed test quotas."""
     quotas = tmp_path / "quotas.yaml"
     quotas.write_text(yaml.safe_dump(MIXED_QUOTAS))
     engine = tmp_path / "engine.yaml"
@@ -51,29 +58,34 @@ def engine_file(
                 # The events carry fixed timestamps from 2023: no bounds relative to the clock.
                 "events": {"max_past_ms": None, "max_future_ms": None},
                 "kafka": {
-                    "bootstrap_servers": kafka.address,
+                    "bootstrap_servers": bootstrap_servers,
                     "topics": [topic],
                     "starting_offsets": "earliest",
-                    "max_offsets_per_trigger": 200,
                     "config_topic": f"{topic}.config",
                     "dead_letter_topic": f"{topic}.dead-letter",
+                    **(kafka or {}),
                 },
-                "redis": {
-                    "host": redis_server.host,
-                    "port": redis_server.port,
-                    "key_prefix": topic,
-                },
-                "spark": {
-                    "checkpoint": str(tmp_path / "checkpoint"),
-                    "shards": 4,
-                    "trigger_ms": 200,
-                    **spark,
-                },
-                "metrics": {"enabled": False},
+                "redis": redis_settings,
+                "spark": {"checkpoint": str(tmp_path / "checkpoint"), "shards": 4, **(spark or {})},
+                "metrics": metrics or {"enabled": False},
             }
         )
     )
     return engine
+
+
+def chaos_engine_file(
+    tmp_path: Path, kafka: LocalService, redis_server: LocalService, topic: str, **spark: Any
+) -> Path:
+    """200 records a micro-batch, one every 200 ms: many batches to kill the driver in."""
+    return engine_file(
+        tmp_path,
+        topic,
+        kafka.address,
+        {"host": redis_server.host, "port": redis_server.port, "key_prefix": topic},
+        kafka={"max_offsets_per_trigger": 200},
+        spark={"trigger_ms": 200, **spark},
+    )
 
 
 def publish(kafka: LocalService, topic: str, values: list[bytes]) -> None:
@@ -212,7 +224,7 @@ def test_ten_sigkills_of_the_driver_lose_nothing_and_count_nothing_twice(
     # All within 5 s of event time, so every byte is still in the final windows.
     values = mixed_payloads(11, 6000, users=20, span_ms=5000)
     publish(kafka, topic, values)
-    engine = engine_file(tmp_path, kafka, redis_server, topic)
+    engine = chaos_engine_file(tmp_path, kafka, redis_server, topic)
     checkpoint = tmp_path / "checkpoint"
     rng = random.Random(SEED)
 
@@ -260,7 +272,7 @@ def test_a_standalone_cluster_loses_a_worker_mid_stream_and_loses_no_byte(
     values = mixed_payloads(17, 6000, users=20, span_ms=5000)
     publish(kafka, topic, values)
     with start_spark_cluster(workers=2, cores=1, memory="1g") as cluster:
-        engine = engine_file(
+        engine = chaos_engine_file(
             tmp_path,
             kafka,
             redis_server,

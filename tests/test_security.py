@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import redis
-import yaml
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 
@@ -37,8 +36,8 @@ from streaming.settings import EngineSettings
 from streaming.sinks import SinkSettings
 from tests.certificates import make_certificates
 from tests.expected import by_key, final_decisions
-from tests.factories import MIXED_QUOTAS, mixed_payloads
-from tests.test_chaos import stored_decisions
+from tests.factories import mixed_payloads
+from tests.test_chaos import engine_file, stored_decisions
 
 ADMIN_SECRET = "admin-Secret-4f1c9"
 ENGINE_SECRET = "engine-Secret-8b2e7"
@@ -157,34 +156,20 @@ def test_a_run_over_tls_as_the_engine_user_decides_and_writes_no_secret(
     topic = "secure-events"
     values = mixed_payloads(23, 600, users=5, span_ms=5000)
     publish(servers, topic, [*values, b"not json"])
-    quotas = tmp_path / "quotas.yaml"
-    quotas.write_text(yaml.safe_dump(MIXED_QUOTAS))
-    engine = tmp_path / "engine.yaml"
-    engine.write_text(
-        yaml.safe_dump(
-            {
-                "quotas": str(quotas),
-                "events": {"max_past_ms": None, "max_future_ms": None},
-                "kafka": {
-                    "bootstrap_servers": servers.kafka_tls.address,
-                    "topics": [topic],
-                    "starting_offsets": "earliest",
-                    "config_topic": f"{topic}.config",
-                    "dead_letter_topic": f"{topic}.dead-letter",
-                    "client": servers.kafka_client(),
-                },
-                "redis": {
-                    "host": "127.0.0.1",
-                    "port": servers.redis_server.port,
-                    "ssl": True,
-                    "ssl_ca_file": str(servers.tls.ca),
-                    "username": ENGINE_USER,
-                    "key_prefix": PREFIX,
-                },
-                "spark": {"checkpoint": str(tmp_path / "checkpoint"), "shards": 4},
-                "metrics": {"port": 0},
-            }
-        )
+    engine = engine_file(
+        tmp_path,
+        topic,
+        servers.kafka_tls.address,
+        {
+            "host": "127.0.0.1",
+            "port": servers.redis_server.port,
+            "ssl": True,
+            "ssl_ca_file": str(servers.tls.ca),
+            "username": ENGINE_USER,
+            "key_prefix": PREFIX,
+        },
+        kafka={"client": servers.kafka_client()},
+        metrics={"port": 0},
     )
     # Secrets come from the environment, as the docs say they should.
     environment = {
@@ -211,7 +196,7 @@ def test_a_run_over_tls_as_the_engine_user_decides_and_writes_no_secret(
     # It decided everything, writing as the least-privileged user over TLS ...
     admin = servers.admin_redis()
     stored = stored_decisions(admin, PREFIX)
-    expected = by_key(final_decisions(values, load_quota_config(quotas)))
+    expected = by_key(final_decisions(values, load_quota_config(tmp_path / "quotas.yaml")))
     assert len(stored) == len(expected)
     for (quota, entity), want in expected.items():
         assert stored[f"{PREFIX}:{quota}:{entity}"]["rate"] == pytest.approx(want["rate"])
