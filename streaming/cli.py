@@ -234,7 +234,7 @@ def _simulate(args: argparse.Namespace) -> int:
         return _fail(EXIT_BAD_CONFIG, str(exc))
     kafka = settings.kafka
     print(f"quotastream: simulating traffic to {kafka.topics[0]} at {kafka.bootstrap_servers}")
-    traffic = LiveTraffic(kafka.bootstrap_servers, kafka.topics[0])
+    traffic = LiveTraffic(kafka.bootstrap_servers, kafka.topics[0], client=kafka.client_settings())
     traffic.start()
     try:
         traffic.join(timeout=args.duration)

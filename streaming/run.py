@@ -59,7 +59,10 @@ def run(options: RunOptions) -> int:
         check_servers(settings)
         traffic = None
         if options.simulate:
-            traffic = LiveTraffic(settings.kafka.bootstrap_servers, settings.kafka.topics[0])
+            kafka = settings.kafka
+            traffic = LiveTraffic(
+                kafka.bootstrap_servers, kafka.topics[0], client=kafka.client_settings()
+            )
             traffic.start()
             stack.callback(traffic.stop)
         console.print("starting Spark …")

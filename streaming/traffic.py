@@ -13,7 +13,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kafka import KafkaProducer
@@ -127,9 +127,18 @@ def traffic(seconds: int, start_ms: int, seed: int = 2026) -> Iterator[Event]:
 class LiveTraffic(threading.Thread):
     """Publishes the scenario to Kafka in real time until stopped."""
 
-    def __init__(self, bootstrap_servers: str, topic: str, seed: int = 2026) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        seed: int = 2026,
+        client: Mapping[str, Any] | None = None,
+    ) -> None:
         super().__init__(name="quotastream-traffic", daemon=True)
-        self._producer = KafkaProducer(bootstrap_servers=bootstrap_servers.split(","), linger_ms=5)
+        # ``client``: kafka-python settings (TLS, SASL), as the engine's own clients take them.
+        self._producer = KafkaProducer(
+            bootstrap_servers=bootstrap_servers.split(","), linger_ms=5, **(client or {})
+        )
         self._topic = topic
         self._rng = random.Random(seed)
         self._stopping = threading.Event()
