@@ -34,13 +34,21 @@ def new_consumer(bootstrap_servers: str, client: Mapping[str, Any]) -> KafkaCons
 def true_end_offsets(
     consumer: KafkaConsumer, partitions: Sequence[TopicPartition], timeout_ms: int
 ) -> Offsets:
-    """Each partition's end offset as its records show it.
+    """Each partition's end offset as its records show it (:func:`checked_end_offsets`)."""
+    return checked_end_offsets(consumer, partitions, timeout_ms)[0]
+
+
+def checked_end_offsets(
+    consumer: KafkaConsumer, partitions: Sequence[TopicPartition], timeout_ms: int
+) -> tuple[Offsets, set[tuple[str, int]]]:
+    """Each partition's end offset as its records show it, and the partitions whose end could
+    not be checked in time (their reported end is given, and may be too low).
 
     ListOffsets can undercount on some brokers; reading from the last offset it reports and taking
     the fetch's high watermark gives the true end (on Apache Kafka it changes nothing).
     """
     if not partitions:
-        return {}
+        return {}, set()
     reported = consumer.end_offsets(list(partitions))
     earliest = consumer.beginning_offsets(list(partitions))
     ends = {tp: reported[tp] for tp in partitions}
@@ -57,7 +65,8 @@ def true_end_offsets(
                 pending.discard(tp)
     for tp in pending:
         log.warning("%s: no records at its reported end in %d ms", partition_name(tp), timeout_ms)
-    return {(tp.topic, tp.partition): end for tp, end in ends.items()}
+    offsets = {(tp.topic, tp.partition): end for tp, end in ends.items()}
+    return offsets, {(tp.topic, tp.partition) for tp in pending}
 
 
 def partition_name(tp: TopicPartition) -> str:

@@ -41,7 +41,12 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 from typing_extensions import override
 
-from streaming.kafka_clients import new_consumer, partition_name, true_end_offsets
+from streaming.kafka_clients import (
+    checked_end_offsets,
+    new_consumer,
+    partition_name,
+    true_end_offsets,
+)
 from streaming.offsets import (
     OffsetRange,
     Offsets,
@@ -105,10 +110,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._consumer: KafkaConsumer | None = None
         #: With Trigger.AvailableNow: the ends to stop at, taken when the query starts.
         self._target: Offsets | None = None
+        #: Partitions read before that the last trigger did not find in the metadata.
+        self._missing: set[tuple[str, int]] = set()
 
     def __getstate__(self) -> dict[str, Any]:
         # Shipped to the workers without the driver's consumer.
-        return {"options": self.options, "_consumer": None, "_target": None}
+        return {"options": self.options, "_consumer": None, "_target": None, "_missing": set()}
 
     @override
     def prepareForTriggerAvailableNow(self) -> None:
@@ -137,16 +144,36 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, dict[str, int]]:
         begin = from_json(start)
         partitions = self._topic_partitions()
-        available = self._true_ends(partitions)
+        available, unchecked = checked_end_offsets(
+            self._driver_consumer(), partitions, self.options.poll_timeout_ms
+        )
         earliest = self._earliest([tp for tp in partitions if tp not in begin])
         # Partitions that appeared since the last batch are read from their beginning.
         begin = {**earliest, **begin}
         for tp, end in available.items():
-            if end < begin.get(tp, 0):
-                self._lost(tp, f"the next offset to read is {begin[tp]} but the log ends at {end}")
-        for tp, offset in begin.items():
-            if tp[0] in self.options.topics and tp not in available:
-                self._lost(tp, f"the partition is gone (the next offset to read was {offset})")
+            if end >= begin.get(tp, 0):
+                continue
+            if tp in unchecked:
+                # A slow broker, or one that reports its end too low: not proof of a loss.
+                log.warning(
+                    "%s-%d: the broker reports the log ending at %d, below %d; its records did "
+                    "not answer in time, so it is read again at the next trigger",
+                    *tp,
+                    end,
+                    begin[tp],
+                )
+                available[tp] = begin[tp]
+                continue
+            self._lost(tp, f"the next offset to read is {begin[tp]} but the log ends at {end}")
+        missing = {tp for tp in begin if tp[0] in self.options.topics and tp not in available}
+        for tp in sorted(missing):
+            # Right after a broker restart its metadata may lack a partition for a moment: only
+            # one missing at two triggers in a row is gone.
+            if tp in self._missing:
+                self._lost(tp, f"the partition is gone (the next offset to read was {begin[tp]})")
+            else:
+                log.warning("%s-%d is not in the broker's metadata; checking again", *tp)
+        self._missing = missing
         if self._target is not None:
             # Stop at what existed when the query started; never go back behind the checkpoint.
             target = self._target
