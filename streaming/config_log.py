@@ -19,11 +19,17 @@ from typing import Any, Final
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
-from kafka.errors import TopicAlreadyExistsError
+from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from state.config import QuotaConfig
 from state.live_config import Change, LiveConfig, LiveConfigs, encode_change
-from streaming.kafka_clients import new_consumer, true_end_offsets
+from streaming.kafka_clients import (
+    is_outage,
+    kafka_outage,
+    new_consumer,
+    ride_out,
+    true_end_offsets,
+)
 
 #: The topic's settings when quotastream creates it: every version stays readable.
 TOPIC_CONFIGS: Final = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
@@ -40,11 +46,16 @@ class ConfigLog:
         topic: str,
         client: Mapping[str, Any] | None = None,
         timeout_ms: int = 10_000,
+        max_outage_s: float | None = None,
     ) -> None:
+        """``max_outage_s``: how long :meth:`read` waits out a broker that does not answer
+        (the executors, which must read the version a batch pinned); None: not at all, the
+        first failure is raised (commands, which must answer promptly)."""
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self._client = dict(client or {})
         self._timeout_ms = timeout_ms
+        self._max_outage_s = max_outage_s
         self._partition = TopicPartition(topic, 0)
         self._consumer: KafkaConsumer | None = None
 
@@ -79,22 +90,31 @@ class ConfigLog:
         return ends[(self.topic, 0)]
 
     def read(self, start: int, end: int) -> list[bytes]:
-        """The records at offsets ``[start, end)``."""
+        """The records at offsets ``[start, end)``, waiting out an outage up to
+        ``max_outage_s``."""
         if end <= start:
             return []
-        consumer = self._reader()
+        outage = kafka_outage(self.bootstrap_servers, self._max_outage_s)
+        consumer = ride_out(self._reader, outage)
         consumer.assign([self._partition])
         consumer.seek(self._partition, start)
         records: list[bytes] = []
         deadline = time.monotonic() + self._timeout_ms / 1000
         while consumer.position(self._partition) < end:
-            if time.monotonic() > deadline:
-                raise ConfigLogError(
-                    f"{self.topic}: config records {start}..{end - 1} not received within "
-                    f"{self._timeout_ms} ms"
-                )
+            # kafka-python reconnects by itself: an outage shows as polls that bring nothing.
             batch = consumer.poll(timeout_ms=200).get(self._partition, [])
-            records += [r.value for r in batch if r.offset < end]
+            if batch:
+                outage.recovered()
+                records += [r.value for r in batch if r.offset < end]
+                deadline = time.monotonic() + self._timeout_ms / 1000
+            elif time.monotonic() > deadline:
+                outage.failed(
+                    ConfigLogError(
+                        f"{self.topic}: config records {start + len(records)}..{end - 1} not "
+                        f"received within {self._timeout_ms} ms"
+                    )
+                )
+                deadline = time.monotonic() + self._timeout_ms / 1000
         return records[: end - start]
 
     def append(self, change: Change) -> int:
@@ -151,6 +171,8 @@ class ConfigSource:
     bootstrap_servers: str = ""
     topic: str | None = None
     client: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: How long a read of the log waits out a broker that does not answer.
+    max_outage_s: float | None = None
 
     def at(self, version: int) -> LiveConfig:
         if self.topic is None:
@@ -174,7 +196,14 @@ def _versions(source: ConfigSource) -> LiveConfigs:
     key = source.cache_key
     versions = _VERSIONS.get(key)
     if versions is None:
-        log = ConfigLog(source.bootstrap_servers, source.topic, source.client)
-        log.end()
+        log = ConfigLog(
+            source.bootstrap_servers, source.topic, source.client, max_outage_s=source.max_outage_s
+        )
+        try:
+            log.end()  # connect now, so that the first change does not wait for it
+        except KafkaError as error:
+            # Only a version above 0 needs the log; its read waits for the broker.
+            if not is_outage(error):
+                raise
         versions = _VERSIONS[key] = LiveConfigs(source.base, log.read)
     return versions

@@ -85,12 +85,19 @@ def start_query(
     The exporter is not started here: :func:`streaming.run.run` starts it once per process.
     """
     kafka = settings.kafka
-    reader = spark.readStream.format(KafkaSource.name()).options(**source_options(kafka))
+    options = source_options(kafka)
+    if metrics is not None:
+        options["statusFile"] = str(metrics.source_status_file)
+    reader = spark.readStream.format(KafkaSource.name()).options(**options)
     live_configs = None
     if kafka.config_topic is not None:
         _check_config_log(settings, config)
         live_configs = ConfigSource(
-            config, kafka.bootstrap_servers, kafka.config_topic, kafka.client_settings()
+            config,
+            kafka.bootstrap_servers,
+            kafka.config_topic,
+            kafka.client_settings(),
+            max_outage_s=kafka.max_outage_s,
         )
     stage = StageSettings(
         config=config,
@@ -143,6 +150,7 @@ def source_options(kafka: KafkaSettings) -> dict[str, str]:
         "subscribe": ",".join(kafka.topics),
         "startingOffsets": kafka.starting_offsets,
         "failOnDataLoss": str(kafka.fail_on_data_loss).lower(),
+        "maxOutageSeconds": repr(kafka.max_outage_s),
     }
     if kafka.max_offsets_per_trigger:
         options["maxOffsetsPerTrigger"] = str(kafka.max_offsets_per_trigger)

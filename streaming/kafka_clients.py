@@ -1,17 +1,65 @@
-"""kafka-python clients as the engine uses them: consumers without a group, true end offsets."""
+"""kafka-python clients as the engine uses them: consumers without a group, true end offsets,
+and calls that ride out a broker outage.
+
+An outage is what kafka-python calls a retriable error: a refused or lost connection, a request
+timeout, a partition without a leader (a broker restarting, a leader moving). Every Kafka call
+of the engine treats one the same way (:func:`ride_out`, :class:`quotastream.outage.Outage`):
+wait and try again, one warning as the outage begins and one as it ends, and give up only after
+``kafka.max_outage_s``. Anything else (a refused login, a missing topic's authorisation, lost
+offsets) is not waited out.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
 
+from quotastream.outage import Outage
 from streaming.offsets import Offsets
 
 log = logging.getLogger(__name__)
+
+# kafka-python logs every failed reconnect and metadata refresh at ERROR, several a second while
+# a broker is down; the engine reports an outage itself, once as it begins and once as it ends.
+for _noisy in ("kafka.net", "kafka.cluster"):
+    logging.getLogger(_noisy).setLevel(logging.CRITICAL)
+
+#: The pause between two attempts while a broker is unreachable (each attempt has its own
+#: timeout, so this only keeps a refused connection from being retried in a busy loop).
+RETRY_PAUSE_S = 0.5
+
+T = TypeVar("T")
+
+
+def is_outage(error: BaseException) -> bool:
+    """An unreachable or leaderless broker, or a timeout: worth waiting out."""
+    return isinstance(error, KafkaError) and bool(error.retriable)
+
+
+def kafka_outage(bootstrap_servers: str, max_outage_s: float | None, **options: Any) -> Outage:
+    """The outage clock of one Kafka cluster, named by its bootstrap servers."""
+    return Outage(f"Kafka at {bootstrap_servers}", max_outage_s, logger=log, **options)
+
+
+def ride_out(call: Callable[[], T], outage: Outage, pause_s: float = RETRY_PAUSE_S) -> T:
+    """``call()`` until it succeeds. Each outage in between counts toward ``outage``, which gives
+    up after its ``max_outage_s``; any other error is raised at once."""
+    while True:
+        try:
+            result = call()
+        except KafkaError as error:
+            if not is_outage(error):
+                raise
+            outage.failed(error)
+            time.sleep(pause_s)
+            continue
+        outage.recovered()
+        return result
 
 
 def new_consumer(bootstrap_servers: str, client: Mapping[str, Any]) -> KafkaConsumer:
@@ -42,15 +90,16 @@ def checked_end_offsets(
     consumer: KafkaConsumer, partitions: Sequence[TopicPartition], timeout_ms: int
 ) -> tuple[Offsets, set[tuple[str, int]]]:
     """Each partition's end offset as its records show it, and the partitions whose end could
-    not be checked in time (their reported end is given, and may be too low).
+    not be checked in time (their reported end is given, and may be too low). Each request waits
+    at most ``timeout_ms``; a broker that does not answer raises kafka-python's timeout.
 
     ListOffsets can undercount on some brokers; reading from the last offset it reports and taking
     the fetch's high watermark gives the true end (on Apache Kafka it changes nothing).
     """
     if not partitions:
         return {}, set()
-    reported = consumer.end_offsets(list(partitions))
-    earliest = consumer.beginning_offsets(list(partitions))
+    reported = consumer.end_offsets(list(partitions), timeout_ms=timeout_ms)
+    earliest = consumer.beginning_offsets(list(partitions), timeout_ms=timeout_ms)
     ends = {tp: reported[tp] for tp in partitions}
     pending = {tp for tp in partitions if reported[tp] > earliest[tp]}
     consumer.assign(list(partitions))

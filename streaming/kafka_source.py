@@ -11,7 +11,11 @@ Spark's JVM Kafka connector is not always available, so quotastream reads Kafka 
   plus one, so the driver reads the tail once and takes the fetch's high watermark;
 * offsets that vanish (retention, a broker that lost its log, a deleted topic) fail the query
   with the topic, partition and offsets named, or with ``failOnDataLoss=false`` log a warning and
-  restart that partition from its earliest offset when it is back.
+  restart that partition from its earliest offset when it is back;
+* a broker that does not answer (down, restarting, a partition without a leader) is an outage,
+  never a loss: a trigger plans nothing new, a read waits for its records, and only after
+  ``maxOutageSeconds`` does the query fail, naming the bootstrap servers. The driver's outage
+  clock goes to the metrics through ``statusFile`` (``streaming.source_status``).
 
 Usage::
 
@@ -30,7 +34,7 @@ from typing import Any
 
 import pyarrow as pa
 from kafka import KafkaConsumer, TopicPartition
-from kafka.errors import OffsetOutOfRangeError
+from kafka.errors import KafkaError, OffsetOutOfRangeError
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -41,10 +45,14 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 from typing_extensions import override
 
+from quotastream.outage import Outage, OutageStatus
 from streaming.kafka_clients import (
     checked_end_offsets,
+    is_outage,
+    kafka_outage,
     new_consumer,
     partition_name,
+    ride_out,
     true_end_offsets,
 )
 from streaming.offsets import (
@@ -56,6 +64,7 @@ from streaming.offsets import (
     plan_ranges,
     to_json,
 )
+from streaming.source_status import write_status
 
 log = logging.getLogger(__name__)
 
@@ -112,18 +121,30 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: Offsets | None = None
         #: Partitions read before that the last trigger did not find in the metadata.
         self._missing: set[tuple[str, int]] = set()
+        #: The driver's outage clock: it lasts across triggers, so an outage is timed from the
+        #: first trigger that found the broker unreachable.
+        self._outage = kafka_outage(
+            options.bootstrap_servers, options.max_outage_s, on_change=self._report
+        )
 
     def __getstate__(self) -> dict[str, Any]:
-        # Shipped to the workers without the driver's consumer.
-        return {"options": self.options, "_consumer": None, "_target": None, "_missing": set()}
+        # Shipped to the workers without the driver's consumer, targets and clock.
+        return {"options": self.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["options"])  # type: ignore[misc]
 
     @override
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = self._true_ends(self._topic_partitions())
+        self._target = ride_out(lambda: self._true_ends(self._topic_partitions()), self._outage)
 
     # ------------------------------------------------------------------ driver side
     @override
     def initialOffset(self) -> dict[str, dict[str, int]]:
+        # A first start needs real offsets: wait for the broker (up to maxOutageSeconds).
+        return ride_out(self._initial_offsets, self._outage)
+
+    def _initial_offsets(self) -> dict[str, dict[str, int]]:
         partitions = self._topic_partitions()
         starting = self.options.starting_offsets
         if starting == "earliest":
@@ -142,7 +163,22 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @override
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, dict[str, int]]:
+        """The offsets the next micro-batch reads up to; ``start`` itself (nothing new) while
+        the broker does not answer."""
         begin = from_json(start)
+        try:
+            latest = self._latest(begin, limit)
+        except KafkaError as error:
+            if not is_outage(error):
+                raise
+            self._outage.failed(error)  # past maxOutageSeconds: OutageError fails the query
+            # A broker that does not answer says nothing about which partitions exist.
+            self._missing = set()
+            return to_json(begin)
+        self._outage.recovered()
+        return latest
+
+    def _latest(self, begin: Offsets, limit: ReadLimit) -> dict[str, dict[str, int]]:
         partitions = self._topic_partitions()
         available, unchecked = checked_end_offsets(
             self._driver_consumer(), partitions, self.options.poll_timeout_ms
@@ -173,7 +209,6 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._lost(tp, f"the partition is gone (the next offset to read was {begin[tp]})")
             else:
                 log.warning("%s-%d is not in the broker's metadata; checking again", *tp)
-        self._missing = missing
         if self._target is not None:
             # Stop at what existed when the query started; never go back behind the checkpoint.
             target = self._target
@@ -187,6 +222,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for tp, version in config.items():
             if version < begin.get(tp, 0):
                 self._lost(tp, f"the configuration log ends at {version}, below {begin[tp]}")
+        # Only a trigger that read the whole metadata counts toward "missing twice in a row".
+        self._missing = missing
         return to_json({**begin, **{tp: max(end, 0) for tp, end in ends.items()}, **config})
 
     @override
@@ -213,34 +250,41 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # ------------------------------------------------------------------ worker side
     @override
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """The records of one planned range. They must all be read (the range is in the
+        checkpoint already), so a broker that stops answering is waited for, up to
+        ``maxOutageSeconds``; records that are gone are data loss."""
         task: ReadTask = partition.value
         offset_range = task.offsets
-        consumer = _worker_consumer(self.options)
+        # Each read times its own outage: executors do not report to the driver's status file.
+        outage = kafka_outage(self.options.bootstrap_servers, self.options.max_outage_s)
+        consumer = ride_out(lambda: _worker_consumer(self.options), outage)
         tp = TopicPartition(offset_range.topic, offset_range.partition)
         consumer.assign([tp])
         consumer.seek(tp, offset_range.start)
         rows: dict[str, list[Any]] = {name: [] for name in ARROW_SCHEMA.names}
         expected = offset_range.start
-        deadline = time.monotonic() + self.options.poll_timeout_ms / 1000
+        stalled_since = time.monotonic()
         while consumer.position(tp) < offset_range.end:
             try:
                 records = consumer.poll(timeout_ms=200, max_records=_RECORDS_PER_BATCH).get(tp, [])
             except OffsetOutOfRangeError:
                 # The next offset is gone (or never was); if that is tolerated, go on from the
                 # earliest offset the log still has.
-                expected = self._resume_after_loss(consumer, tp, expected, offset_range)
+                expected = self._skip_lost(consumer, tp, expected, outage)
                 continue
             if not records:
-                if time.monotonic() > deadline:
-                    self._check_gone(consumer, tp, expected, offset_range)
-                    raise TimeoutError(
-                        f"{partition_name(tp)}: offsets {expected}..{offset_range.end - 1} not "
-                        f"received within {self.options.poll_timeout_ms} ms"
-                    )
+                if time.monotonic() - stalled_since > self.options.poll_timeout_ms / 1000:
+                    expected = self._stalled(consumer, tp, expected, offset_range.end, outage)
+                    stalled_since = time.monotonic()
                 continue
-            deadline = time.monotonic() + self.options.poll_timeout_ms / 1000
-            if records[0].offset > expected:
-                self._check_gone(consumer, tp, expected, offset_range)
+            outage.recovered()
+            stalled_since = time.monotonic()
+            if records[0].offset > expected and self._earliest_of(consumer, tp, outage) > expected:
+                self._lost(
+                    (tp.topic, tp.partition),
+                    f"offsets {expected}..{min(records[0].offset, offset_range.end) - 1} "
+                    "were deleted",
+                )
             for record in records:
                 if record.offset >= offset_range.end:
                     break
@@ -288,11 +332,17 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _earliest(self, partitions: Sequence[TopicPartition]) -> Offsets:
         if not partitions:
             return {}
-        found = self._driver_consumer().beginning_offsets(list(partitions))
+        found = self._driver_consumer().beginning_offsets(
+            list(partitions), timeout_ms=self.options.poll_timeout_ms
+        )
         return {(tp.topic, tp.partition): offset for tp, offset in found.items()}
 
     def _true_ends(self, partitions: Sequence[TopicPartition]) -> Offsets:
         return true_end_offsets(self._driver_consumer(), partitions, self.options.poll_timeout_ms)
+
+    def _report(self, status: OutageStatus) -> None:
+        if self.options.status_file is not None:
+            write_status(self.options.status_file, status)
 
     def _lost(self, tp: tuple[str, int], what: str) -> None:
         message = f"{tp[0]}-{tp[1]}: {what}; records the query has not read are gone"
@@ -300,24 +350,45 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise DataLossError(f"{message} (failOnDataLoss=true)")
         log.warning("%s; restarting this partition from its earliest offset", message)
 
-    def _resume_after_loss(
-        self, consumer: KafkaConsumer, tp: TopicPartition, expected: int, offset_range: OffsetRange
+    def _earliest_of(self, consumer: KafkaConsumer, tp: TopicPartition, outage: Outage) -> int:
+        timeout_ms = self.options.poll_timeout_ms
+        earliest: int = ride_out(
+            lambda: consumer.beginning_offsets([tp], timeout_ms=timeout_ms)[tp], outage
+        )
+        return earliest
+
+    def _skip_lost(
+        self, consumer: KafkaConsumer, tp: TopicPartition, expected: int, outage: Outage
     ) -> int:
-        earliest: int = consumer.beginning_offsets([tp])[tp]
+        """Offset ``expected`` is out of the log's range: lost (or tolerated: read on from the
+        earliest offset the log has)."""
+        earliest = self._earliest_of(consumer, tp, outage)
         what = f"offset {expected} is out of the log's range (earliest {earliest})"
         self._lost((tp.topic, tp.partition), what)
         consumer.seek(tp, earliest)
         return earliest
 
-    def _check_gone(
-        self, consumer: KafkaConsumer, tp: TopicPartition, expected: int, offset_range: OffsetRange
-    ) -> None:
-        earliest = consumer.beginning_offsets([tp])[tp]
+    def _stalled(
+        self, consumer: KafkaConsumer, tp: TopicPartition, expected: int, end: int, outage: Outage
+    ) -> int:
+        """No records for ``pollTimeoutMs``: either they were deleted (data loss), or the broker
+        is not serving them (down, restarting, no leader: an outage, waited out)."""
+        try:
+            earliest = consumer.beginning_offsets([tp], timeout_ms=self.options.poll_timeout_ms)[tp]
+        except KafkaError as error:
+            if not is_outage(error):
+                raise
+            outage.failed(error)
+            return expected
         if earliest > expected:
-            self._lost(
-                (tp.topic, tp.partition),
-                f"offsets {expected}..{min(earliest, offset_range.end) - 1} were deleted",
+            return self._skip_lost(consumer, tp, expected, outage)
+        outage.failed(
+            TimeoutError(
+                f"{partition_name(tp)}: offsets {expected}..{end - 1} not received within "
+                f"{self.options.poll_timeout_ms} ms"
             )
+        )
+        return expected
 
 
 _WORKER_CONSUMERS: dict[tuple[str, tuple[tuple[str, str], ...]], KafkaConsumer] = {}

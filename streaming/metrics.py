@@ -15,6 +15,8 @@ Where the values come from:
   throttled now. Entities that leave the set are forgotten, so their series disappear.
 * Spark's progress events (:class:`ProgressListener`) give the batch duration, the rates and the
   input count.
+* The Kafka source's outage clock on the driver comes in a status file
+  (``streaming.source_status``), read at scrape time.
 
 :class:`EngineMetrics` owns a dedicated registry (not the process-global one) and serves it.
 """
@@ -25,25 +27,29 @@ import heapq
 import json
 import logging
 import math
+import tempfile
 import threading
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 
 from quotastream.client import remaining_throttle_ms
+from quotastream.outage import OutageStatus
 from state.live_config import Mode
 from state.quota_types import QuotaType
 from streaming import stages
 from streaming.offsets import lost_offsets
+from streaming.source_status import read_status
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +73,8 @@ CONFIG_VERSION = "quotastream_config_version"
 LAST_BATCH_TIMESTAMP = "quotastream_last_batch_timestamp_seconds"
 REDIS_WRITE_FAILURES = "quotastream_redis_write_failures_total"
 SOURCE_DATA_LOSS = "quotastream_source_data_loss_total"
+KAFKA_OUTAGE = "quotastream_kafka_outage_seconds"
+KAFKA_OUTAGES = "quotastream_kafka_outages_total"
 
 #: Labels of the per-entity series.
 ENTITY_LABELS = ("quota", "entity")
@@ -93,6 +101,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     LAST_BATCH_TIMESTAMP: ("gauge", ()),
     REDIS_WRITE_FAILURES: ("counter", ()),
     SOURCE_DATA_LOSS: ("counter", ("topic", "partition")),
+    KAFKA_OUTAGE: ("gauge", ()),
+    KAFKA_OUTAGES: ("counter", ()),
 }
 
 #: The quota label's values.
@@ -497,6 +507,9 @@ class EngineMetrics:
         self.state = MetricsState(top_k, keep_ms)
         self._lock = threading.Lock()
         self._server: Any = None
+        self._status_dir = tempfile.TemporaryDirectory(prefix="quotastream-metrics-")
+        #: Where the query's Kafka source reports its outage clock (``start_query`` passes it).
+        self.source_status_file = Path(self._status_dir.name) / "kafka-source.json"
         registry = self.registry
         self.remote_log_size = Gauge(
             REMOTE_LOG_SIZE,
@@ -550,6 +563,7 @@ class EngineMetrics:
             registry=registry,
         )
         registry.register(_EntityCollector(self))
+        registry.register(_KafkaOutageCollector(self))
 
     @classmethod
     def from_settings(cls, settings: Any, keep_ms: int | None = None) -> EngineMetrics:
@@ -577,6 +591,7 @@ class EngineMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+        self._status_dir.cleanup()
 
     def scrape(self) -> str:
         """The exposition text, as /metrics serves it."""
@@ -688,6 +703,32 @@ class _EntityCollector(Collector):
     def describe(self) -> Iterable[Metric]:
         names = (BYTE_RATE, QUOTA_LIMIT, QUOTA_UTILISATION, THROTTLE_TIME, THROTTLED_ENTITIES)
         return [GaugeMetricFamily(name, "", labels=METRICS[name][1]) for name in names]
+
+
+class _KafkaOutageCollector(Collector):
+    """The source's outage clock, from its status file (no file yet: no outage so far)."""
+
+    def __init__(self, metrics: EngineMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        status = read_status(self._metrics.source_status_file) or OutageStatus(None, 0, 0)
+        now = self._metrics.clock()
+        lasted = 0.0 if status.since_ms is None else max(now - status.since_ms / 1000, 0.0)
+        outage = GaugeMetricFamily(
+            KAFKA_OUTAGE,
+            "How long the Kafka source has found the brokers unreachable (0: they answer)",
+            value=lasted,
+        )
+        outages = CounterMetricFamily(
+            KAFKA_OUTAGES,
+            "Kafka outages the source has waited out or is waiting out",
+            value=status.outages,
+        )
+        return [outage, outages]
+
+    def describe(self) -> Iterable[Metric]:
+        return [GaugeMetricFamily(KAFKA_OUTAGE, ""), CounterMetricFamily(KAFKA_OUTAGES, "")]
 
 
 def _listener(metrics: EngineMetrics, query_id: str) -> Any:

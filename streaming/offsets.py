@@ -10,7 +10,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from kafka import KafkaConsumer
 
@@ -128,7 +128,13 @@ class SourceOptions:
     starting_offsets: Literal["earliest", "latest"] | Offsets = "latest"
     max_offsets_per_trigger: int | None = None
     fail_on_data_loss: bool = True
+    #: How long one Kafka request of the source may take (offsets, the tail of a log) and how
+    #: long a read waits for records before it checks whether they are gone or the broker down.
     poll_timeout_ms: int = 2_000
+    #: How long the source waits out a broker that does not answer before the query fails.
+    max_outage_s: float = 300.0
+    #: Where the driver's source reports its outage clock (``streaming.source_status``).
+    status_file: str | None = None
     #: The live configuration's log (``streaming.config_log``): its end offset is pinned with
     #: each batch's offsets as the configuration version the batch decides with.
     config_topic: str | None = None
@@ -168,9 +174,11 @@ class SourceOptions:
             bootstrap_servers=required("kafka.bootstrap.servers"),
             topics=topics,
             starting_offsets=starting_offsets,
-            max_offsets_per_trigger=_positive_int(lowered, "maxOffsetsPerTrigger"),
+            max_offsets_per_trigger=_positive(lowered, "maxOffsetsPerTrigger", int),
             fail_on_data_loss=_boolean(lowered, "failOnDataLoss", default=True),
-            poll_timeout_ms=_positive_int(lowered, "kafkaConsumer.pollTimeoutMs") or 2_000,
+            poll_timeout_ms=_positive(lowered, "kafkaConsumer.pollTimeoutMs", int) or 2_000,
+            max_outage_s=_positive(lowered, "maxOutageSeconds", float) or 300.0,
+            status_file=lowered.get("statusfile", "").strip() or None,
             config_topic=config_topic,
             client=_client_settings(options),
         )
@@ -201,16 +209,22 @@ def _typed_setting(default: object, value: str) -> object:
     return value
 
 
-def _positive_int(options: Mapping[str, str], name: str) -> int | None:
+_Number = TypeVar("_Number", int, float)
+
+
+def _positive(options: Mapping[str, str], name: str, kind: type[_Number]) -> _Number | None:
     raw = options.get(name.lower())
     if raw is None:
         return None
+    whole = kind is int
     try:
-        value = int(raw)
+        value = kind(raw)
     except ValueError:
-        raise SourceOptionError(f"option {name!r} must be a whole number, got {raw!r}") from None
-    if value < 1:
-        raise SourceOptionError(f"option {name!r} must be >= 1, got {value}")
+        what = "a whole number" if whole else "a number"
+        raise SourceOptionError(f"option {name!r} must be {what}, got {raw!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        bound = ">= 1" if whole else "> 0"
+        raise SourceOptionError(f"option {name!r} must be {bound}, got {raw!r}")
     return value
 
 

@@ -15,7 +15,7 @@ from kafka.errors import KafkaError
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from streaming.redaction import first_line
+from quotastream.outage import first_line
 from streaming.settings import EngineSettings, KafkaSettings, RedisSettings
 
 #: How long each server may take to answer.

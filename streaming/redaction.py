@@ -25,12 +25,6 @@ def redact(text: str, secrets: list[str]) -> str:
     return text
 
 
-def first_line(error: BaseException) -> str:
-    """An error's first line, for a one-line report (tracebacks stay in the debug log)."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 class RedactingFilter(logging.Filter):
     """Masks secrets in every record that passes through a handler it is attached to."""
 

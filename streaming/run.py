@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import signal
 import tempfile
 import time
@@ -23,13 +24,15 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 
+from quotastream.outage import first_line
 from state.config import load_quota_config
 from streaming.job import local_spark, start_query
 from streaming.live_view import snapshot
 from streaming.metrics import EngineMetrics
 from streaming.preflight import check_servers
-from streaming.redaction import first_line, redact_logs
+from streaming.redaction import redact_logs
 from streaming.services import start_kafka, start_redis
 from streaming.settings import EngineSettings
 from streaming.traffic import LiveTraffic
@@ -76,10 +79,35 @@ def run(options: RunOptions) -> int:
         )
         stack.callback(_stop_query, query)
         _watch(settings, query, console, options.duration_s)
-        if query.exception() is not None:
-            console.print(f"[red]the query failed:[/red] {query.exception()}")
+        failure = query.exception()
+        if failure is not None:
+            log.debug("the query failed: %s", failure)
+            line = escape(failure_line(failure))
+            console.print(f"[red]the query failed:[/red] {line}", soft_wrap=True)
             return 1
     return 0
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+_OWN_MODULES = ("quotastream.", "state.", "streaming.")
+
+
+def failure_line(error: BaseException) -> str:
+    """One line for the operator: the error the engine's Python code raised.
+
+    A failure in a Python worker reaches the driver as a Spark error whose text holds the
+    worker's traceback, then the query's offsets and plan (kept in the debug log); the line that
+    ends the traceback names the error. The engine's own errors are shown by their message.
+    """
+    _, found, raised = str(error).rpartition(_TRACEBACK)
+    if not found:
+        return first_line(error)
+    line = next((ln for ln in raised.splitlines()[1:] if ln and not ln[0].isspace()), "")
+    name, _, message = line.partition(": ")
+    message = re.sub(r"\s*SQLSTATE: \w+$", "", message)
+    if name.startswith(_OWN_MODULES) and message:
+        return message
+    return f"{name.rpartition('.')[2]}: {message}" if message else name or first_line(error)
 
 
 def _start_metrics(settings: EngineSettings, console: Console) -> EngineMetrics | None:

@@ -61,12 +61,21 @@ class LocalService:
         self._stopped = True
         if self.process.poll() is None:
             self.process.terminate()
+            self.process.send_signal(signal.SIGCONT)  # a paused server must see the SIGTERM
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout)
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def pause(self) -> None:
+        """Stops the server without ending it (SIGSTOP): connections stay open and nothing
+        answers, as with a hung broker; an in-memory log is kept for :meth:`resume`."""
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.process.send_signal(signal.SIGCONT)
 
     def __enter__(self) -> LocalService:
         return self

@@ -53,6 +53,10 @@ class KafkaSettings(BaseModel):
     starting_offsets: Literal["earliest", "latest"] = "latest"
     max_offsets_per_trigger: Annotated[int, Field(ge=1)] | None = None
     fail_on_data_loss: bool = True
+    #: How long the engine waits out a broker that does not answer (down, restarting, a
+    #: partition without a leader) before the query fails: triggers plan nothing new, reads
+    #: and dead-letter writes wait (docs/reliability.md#kafka-outage).
+    max_outage_s: Annotated[float, Field(gt=0)] = 300.0
     dead_letter_topic: str = "quotastream.dead-letter"
     #: The live configuration's log (``quotastream quota ...`` appends to it); null: the quota
     #: file is the only configuration and nothing changes while the engine runs.

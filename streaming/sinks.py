@@ -14,6 +14,7 @@ import math
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -23,11 +24,12 @@ from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
 from quotastream.keys import decision_key, release_channel, remote_log_key, timers_key
+from quotastream.outage import Outage
 from state.events import dead_letter_record
 from state.live_config import Mode
 from state.throttle_timers import TimerStats
+from streaming.kafka_clients import kafka_outage, ride_out
 from streaming.metrics import SUMMARY_SCHEMA, BatchSummary, SummaryRequest
-from streaming.redaction import first_line
 from streaming.settings import EngineSettings
 from streaming.stages import REJECT, REMOTE_LOG, TIMERS, USAGE
 
@@ -50,6 +52,8 @@ class SinkSettings:
     kafka_bootstrap: str = ""
     #: kafka-python settings of the dead-letter producer (TLS, SASL: secrets).
     kafka_client: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    #: How long a micro-batch's dead letters wait out a broker that does not answer.
+    kafka_max_outage_s: float = 300.0
     #: While Redis is unreachable a write is retried with exponential backoff (from 50 ms up
     #: to ``max_backoff_ms``) for at most ``max_outage_s``; then the micro-batch fails.
     max_outage_s: float = 300.0
@@ -64,6 +68,7 @@ class SinkSettings:
             dead_letter_topic=settings.kafka.dead_letter_topic,
             kafka_bootstrap=settings.kafka.bootstrap_servers,
             kafka_client=settings.kafka.client_settings(),
+            kafka_max_outage_s=settings.kafka.max_outage_s,
             max_outage_s=settings.redis.max_outage_s,
             max_backoff_ms=settings.redis.max_backoff_ms,
         )
@@ -72,10 +77,6 @@ class SinkSettings:
     def local(host: str, port: int, **options: Any) -> SinkSettings:
         """Writing to a Redis without credentials (tests, benchmarks)."""
         return SinkSettings(redis={"host": host, "port": port}, **options)
-
-
-class RedisOutageError(ConnectionError):
-    """Redis stayed unreachable for longer than a write may wait (``max_outage_s``)."""
 
 
 def decision_value(row: dict[str, Any]) -> dict[str, Any]:
@@ -121,13 +122,13 @@ def write_batches(
     metrics (:data:`WRITE_SUMMARY`, ``streaming/metrics.py``), with the failed Redis attempts.
     """
     client = redis_client(settings)
-    producer: KafkaProducer | None = None
     for batch in batches:
         rows = batch.to_pylist()
         now = int(time.time() * 1000)
         report = BatchSummary(summary, now) if summary is not None else None
         commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
-        decisions = rejects = 0
+        dead_letters: list[bytes] = []
+        decisions = 0
         prefix = settings.key_prefix
         for row in rows:
             if row["row_type"] == USAGE:
@@ -152,20 +153,17 @@ def write_batches(
                     ("hset", (timers_key(prefix), str(row["shard"]), _json(counts)), {})
                 )
             elif row["row_type"] == REJECT:
-                producer = producer or _producer(settings)
-                producer.send(settings.dead_letter_topic, _dead_letter(row))
-                rejects += 1
+                dead_letters.append(_dead_letter(row))
             if report is not None:
                 report.add(row)
         failures = execute_with_retry(client, commands, settings)
-        if producer is not None:
-            producer.flush()
+        send_dead_letters(dead_letters, settings)
         if report is not None:
             report.redis_failures = failures
             yield report.batch()
             continue
         yield pa.RecordBatch.from_pylist(
-            [{"decisions": decisions, "rejects": rejects}], schema=WRITE_COUNTS
+            [{"decisions": decisions, "rejects": len(dead_letters)}], schema=WRITE_COUNTS
         )
 
 
@@ -177,13 +175,12 @@ def execute_with_retry(
     """Sends ``commands`` in one pipelined round trip, retrying while Redis is unreachable.
 
     Returns the failed attempts. Every command is idempotent but ``publish`` (a release notice
-    may then arrive twice), so a retry sends them all again. Raises :class:`RedisOutageError` once
+    may then arrive twice), so a retry sends them all again. Raises :class:`OutageError` once
     Redis has been unreachable for ``max_outage_s``.
     """
     if not commands:
         return 0
-    failures = 0
-    give_up_at = time.monotonic() + settings.max_outage_s
+    outage = Outage(f"Redis {_endpoint(settings)}", settings.max_outage_s, logger=log)
 
     def attempt() -> None:
         # A failed pipeline forgets its commands: each attempt builds its own.
@@ -192,23 +189,30 @@ def execute_with_retry(
             getattr(pipeline, name)(*args, **kwargs)
         pipeline.execute()
 
-    def failed(error: Exception) -> None:
-        nonlocal failures
-        failures += 1
-        if failures == 1:
-            log.warning("Redis unreachable (%s); retrying the write", first_line(error))
-        if time.monotonic() >= give_up_at:
-            raise RedisOutageError(
-                f"Redis {_endpoint(settings)} unreachable for more than "
-                f"{settings.max_outage_s:g} s ({failures} failed attempts): {first_line(error)}"
-            ) from None
-
     backoff = ExponentialBackoff(cap=settings.max_backoff_ms / 1000, base=0.05)
     retry = Retry(backoff, retries=-1, supported_errors=_UNREACHABLE)
-    retry.call_with_retry(attempt, failed, is_retryable=_is_outage)
-    if failures:
-        log.warning("Redis reachable again after %d failed attempts", failures)
-    return failures
+    retry.call_with_retry(attempt, outage.failed, is_retryable=_is_outage)
+    outage.recovered()
+    return outage.failures
+
+
+def send_dead_letters(records: list[bytes], settings: SinkSettings) -> None:
+    """Sends rejected events to the dead-letter topic and waits until the broker has them all,
+    waiting out a broker that does not answer for up to ``kafka_max_outage_s``.
+
+    The producer keeps what it could not deliver and retries it (its delivery timeout outlasts
+    the outage limit); a send or flush that times out meanwhile counts toward the outage.
+    """
+    if not records:
+        return
+    outage = kafka_outage(settings.kafka_bootstrap, settings.kafka_max_outage_s)
+    producer = ride_out(lambda: _producer(settings), outage)
+    topic = settings.dead_letter_topic
+    futures = [ride_out(partial(producer.send, topic, value), outage) for value in records]
+    ride_out(lambda: producer.flush(timeout=_PRODUCER_WAIT_MS / 1000), outage)
+    for future in futures:
+        if future.failed():
+            raise future.exception
 
 
 _UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError)
@@ -246,10 +250,23 @@ def redis_client(settings: SinkSettings) -> redis.Redis:
     return _REDIS[key]
 
 
+#: How long one send may block (for metadata) and one flush may wait, before the outage clock
+#: is asked whether to go on waiting.
+_PRODUCER_WAIT_MS = 2_000
+
+
 def _producer(settings: SinkSettings) -> KafkaProducer:
-    key = (("bootstrap", settings.kafka_bootstrap), *sorted(settings.kafka_client.items()))
+    key = (
+        ("bootstrap", settings.kafka_bootstrap),
+        ("max_outage_s", settings.kafka_max_outage_s),
+        *sorted(settings.kafka_client.items()),
+    )
     if key not in _PRODUCERS:
         _PRODUCERS[key] = KafkaProducer(
-            bootstrap_servers=settings.kafka_bootstrap.split(","), **settings.kafka_client
+            bootstrap_servers=settings.kafka_bootstrap.split(","),
+            max_block_ms=_PRODUCER_WAIT_MS,
+            # Undelivered records are kept and retried for longer than an outage is waited out.
+            delivery_timeout_ms=int(settings.kafka_max_outage_s * 1000) + 120_000,
+            **settings.kafka_client,
         )
     return _PRODUCERS[key]

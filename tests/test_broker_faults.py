@@ -3,12 +3,15 @@
 An in-memory broker restarted forgets every record: the offsets in the checkpoint point past the
 end of the new log. With failOnDataLoss the query fails naming topic, partition and offsets;
 without it the engine warns, counts it and reads the new log from its beginning. A broker that
-keeps its log in an object store (tansu on S3, SeaweedFS) restarts without losing a record.
+keeps its log in an object store (tansu on S3, SeaweedFS) restarts without losing a record; while
+it is down the query waits for it (a Kafka outage), for as long as ``kafka.max_outage_s``.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -21,13 +24,15 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from quotastream import QuotaClient
+from quotastream.outage import OutageStatus
 from state.config import parse_quota_config
 from streaming.job import start_query
-from streaming.metrics import SOURCE_DATA_LOSS, EngineMetrics
+from streaming.metrics import KAFKA_OUTAGE, KAFKA_OUTAGES, SOURCE_DATA_LOSS, EngineMetrics
 from streaming.services import LocalService, start_kafka, start_object_store
+from streaming.source_status import read_status
 from tests.expected import by_key, final_decisions
 from tests.factories import MIXED_QUOTAS, mixed_payloads, produce
-from tests.test_chaos import stored_decisions
+from tests.test_chaos import commits, engine_file, quotastream, stored_decisions
 from tests.test_metrics import samples
 from tests.test_streaming import engine_settings, publish
 
@@ -37,8 +42,11 @@ CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
 def read_offsets(query: StreamingQuery, topic: str) -> int:
     """Records of ``topic`` the query has read, by its last progress (0 before one)."""
     progress = query.lastProgress
-    if not progress:
-        return 0
+    return read_offsets_of(progress, topic) if progress else 0
+
+
+def read_offsets_of(progress: dict[str, Any], topic: str) -> int:
+    """Records of ``topic`` read by the end of one micro-batch."""
     end: Any = progress["sources"][0]["endOffset"]
     offsets = json.loads(end) if isinstance(end, str) else end
     return sum(int(offset) for offset in (offsets or {}).get(topic, {}).values())
@@ -136,11 +144,33 @@ def test_offsets_lost_with_the_broker_are_counted_and_the_new_log_read_when_tole
         broker.stop()
 
 
-def test_a_broker_that_keeps_its_log_in_an_object_store_restarts_without_losing_a_record(
+def wait_for_outage(
+    query: StreamingQuery, metrics: EngineMetrics, failed_triggers: int, timeout_s: float = 120
+) -> OutageStatus:
+    """Waits until the source has found the broker unreachable at ``failed_triggers`` triggers."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert query.isActive, query.exception()
+        status = read_status(metrics.source_status_file)
+        if (
+            status is not None
+            and status.since_ms is not None
+            and status.failures >= failed_triggers
+        ):
+            return status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.2)
+
+
+def test_a_broker_down_for_several_triggers_is_waited_out_and_every_record_decided_once(
     spark: SparkSession, redis_server: LocalService, tmp_path: Path
 ) -> None:
+    """The broker keeps its log in an object store (tansu on S3, SeaweedFS): killed, down for
+    several triggers, started again on its port. The query waits, counts the outage, and
+    decides every record before and after exactly as the batch recomputation does."""
     topic = f"durable-{uuid.uuid4().hex[:8]}"
     values = mixed_payloads(5, 1200, users=8, span_ms=5000)
+    metrics = EngineMetrics(port=0)
     with start_object_store() as store:
         storage, environment = f"s3://{store.bucket}/", store.environment()
         broker = start_kafka(storage=storage, storage_environment=environment)
@@ -149,19 +179,34 @@ def test_a_broker_that_keeps_its_log_in_an_object_store_restarts_without_losing_
             publish(broker, topic, values[:600])
             settings = engine_settings(broker, redis_server, tmp_path, topic)
             assert settings.kafka.fail_on_data_loss
-            query = start_query(spark, settings, CONFIG)
+            query = start_query(spark, settings, CONFIG, metrics=metrics)
             wait_until_read(query, topic, 600)
-            # Killed outright, then started again on its port with the same storage.
+            batches_before = len(query.recentProgress)
+            # Killed outright; down while several triggers find it unreachable.
             port = broker.port
             broker.process.kill()
             broker.stop()
+            during = wait_for_outage(query, metrics, failed_triggers=4)
+            scraped = metrics.scrape()
+            assert samples(scraped, KAFKA_OUTAGE)[""] > 0
+            assert samples(scraped, KAFKA_OUTAGES)[""] >= 1
+            # Started again on its port with the same storage; the rest is published.
             broker = start_kafka(port=port, storage=storage, storage_environment=environment)
             publish(broker, topic, values[600:], create=False)
             wait_until_read(query, topic, 1200)
             assert query.exception() is None
+            # Nothing was read twice: offsets only moved forward, batch after batch.
+            read = [read_offsets_of(p, topic) for p in query.recentProgress[batches_before:]]
+            assert read == sorted(read)
+            after = read_status(metrics.source_status_file)
+            assert after is not None
+            assert after.since_ms is None
+            assert after.outages >= during.outages >= 1
+            assert samples(metrics.scrape(), KAFKA_OUTAGE)[""] == 0
         finally:
             if query is not None:
                 query.stop()
+            metrics.close()
             broker.stop()
     stored = stored_decisions(redis.Redis(host=redis_server.host, port=redis_server.port), topic)
     expected = by_key(final_decisions(values, CONFIG))
@@ -170,3 +215,42 @@ def test_a_broker_that_keeps_its_log_in_an_object_store_restarts_without_losing_
         got = stored[f"{topic}:{quota}:{entity}"]
         assert got["rate"] == pytest.approx(want["rate"]), (quota, entity)
         assert got["throttle_ms"] == want["throttle_ms"], (quota, entity)
+
+
+def test_an_outage_longer_than_the_limit_fails_the_run_with_one_line(
+    redis_server: LocalService, tmp_path: Path
+) -> None:
+    topic = f"gone-{uuid.uuid4().hex[:8]}"
+    broker = start_kafka()
+    try:
+        publish(broker, topic, mixed_payloads(6, 30, users=2))
+        engine = engine_file(
+            tmp_path,
+            topic,
+            broker.address,
+            {"host": redis_server.host, "port": redis_server.port, "key_prefix": topic},
+            kafka={"max_outage_s": 4},
+        )
+        checkpoint = tmp_path / "checkpoint"
+        run = subprocess.Popen(
+            quotastream("run", "--engine-config", str(engine), "--no-simulate"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 180
+        while commits(checkpoint) < 1:
+            assert run.poll() is None, run.communicate()
+            assert time.monotonic() < deadline, "no micro-batch committed"
+            time.sleep(0.2)
+        broker.stop()
+        _out, err = run.communicate(timeout=180)
+    finally:
+        broker.stop()
+    assert run.returncode == 1
+    failed = [line for line in err.decode().splitlines() if line.startswith("the query failed:")]
+    assert len(failed) == 1, err.decode()[-3000:]
+    assert re.fullmatch(
+        rf"the query failed: Kafka at {re.escape(broker.address)} unreachable for more than "
+        r"4 s \(\d+ failed attempts\): .+",
+        failed[0],
+    ), failed[0]

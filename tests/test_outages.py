@@ -10,12 +10,12 @@ import pyarrow as pa
 import pytest
 import redis
 
+from quotastream.outage import OutageError
 from streaming.metrics import BatchReport, SummaryRequest
 from streaming.preflight import UnreachableError, check_kafka, check_redis
 from streaming.services import LocalService, free_port, start_redis
 from streaming.settings import KafkaSettings, RedisSettings
 from streaming.sinks import (
-    RedisOutageError,
     SinkSettings,
     execute_with_retry,
     redis_client,
@@ -70,7 +70,7 @@ def test_a_write_gives_up_after_max_outage_naming_the_endpoint() -> None:
     client = redis_client(settings)
     began = time.monotonic()
     with pytest.raises(
-        RedisOutageError,
+        OutageError,
         match=rf"Redis 127\.0\.0\.1:{port} unreachable for more "
         r"than 0\.5 s \(\d+ failed attempts\)",
     ):

@@ -1,0 +1,242 @@
+"""Kafka outages against a real broker (tansu), without Spark: the source's triggers and reads,
+the configuration log and the dead-letter producer wait out a broker that does not answer, and
+give up only after their limit, naming the bootstrap servers.
+
+A paused broker (SIGSTOP) keeps its connections open and answers nothing, as a hung one does, and
+keeps its in-memory log; a stopped one refuses connections.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+from quotastream.outage import OutageError
+from state.live_config import SetEnforcement, encode_change
+from streaming.config_log import ConfigLog, ConfigLogError
+from streaming.kafka_source import DataLossError, KafkaStreamReader
+from streaming.services import LocalService, start_kafka
+from streaming.sinks import SinkSettings, send_dead_letters
+from streaming.source_status import read_status
+from tests.test_kafka_source import Checkpoint, new_topic, produce, read_all, reader
+
+FAST = {"kafkaConsumer.pollTimeoutMs": "300", "startingOffsets": "earliest"}
+OUTAGE_LOGGER = "streaming.kafka_clients"
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[LocalService]:
+    with start_kafka() as service:
+        yield service
+
+
+def outage_messages(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == OUTAGE_LOGGER]
+
+
+def total(offsets: Checkpoint, topic: str) -> int:
+    return sum(offsets[topic].values())
+
+
+def triggers(source: KafkaStreamReader, start: Checkpoint, count: int) -> None:
+    """``count`` triggers that each find nothing new (or raise)."""
+    for _ in range(count):
+        assert source.latestOffset(start, ReadAllAvailable()) == start
+
+
+def resume_later(broker: LocalService, after_s: float) -> threading.Timer:
+    timer = threading.Timer(after_s, broker.resume)
+    timer.start()
+    return timer
+
+
+def test_triggers_plan_nothing_new_while_the_broker_hangs_and_the_rest_after_it(
+    broker: LocalService, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = new_topic(broker, 2)
+    produce(broker, topic, 100, 2)
+    status = tmp_path / "status.json"
+    source = reader(broker, topic, statusFile=str(status), **FAST)
+    first = source.latestOffset(source.initialOffset(), ReadAllAvailable())
+    assert total(first, topic) == 100
+    with caplog.at_level(logging.WARNING, logger=OUTAGE_LOGGER):
+        broker.pause()
+        try:
+            for _ in range(3):
+                assert source.latestOffset(first, ReadAllAvailable()) == first
+            during = read_status(status)
+        finally:
+            broker.resume()
+        produce(broker, topic, 50, 2, first=100)
+        after = source.latestOffset(first, ReadAllAvailable())
+    assert total(after, topic) == 150
+    assert during is not None
+    assert during.since_ms is not None
+    assert (during.outages, during.failures) == (1, 3)
+    assert read_status(status) == type(during)(since_ms=None, outages=1, failures=3)
+    messages = outage_messages(caplog)
+    assert len(messages) == 2, messages
+    assert messages[0].startswith(f"Kafka at {broker.address} unreachable (")
+    assert messages[1].startswith(f"Kafka at {broker.address} reachable again after ")
+    source.stop()
+
+
+def test_an_outage_is_never_taken_for_lost_offsets_but_a_log_lost_with_it_is_caught() -> None:
+    broker = start_kafka()
+    try:
+        topic = new_topic(broker, 3)
+        produce(broker, topic, 300, 3)
+        source = reader(broker, topic, **FAST)
+        first = source.latestOffset(source.initialOffset(), ReadAllAvailable())
+        assert total(first, topic) == 300
+        port = broker.port
+        broker.stop()
+        # Refused connections for several triggers: nothing new, and no loss claimed.
+        for _ in range(4):
+            assert source.latestOffset(first, ReadAllAvailable()) == first
+        # The broker returns without its log (in memory): that loss is still caught.
+        broker = start_kafka(port=port)
+        produce(broker, topic, 6, 3)
+        with pytest.raises(DataLossError, match=rf"{topic}-\d: the .*failOnDataLoss=true"):
+            triggers(source, first, 3)
+        source.stop()
+    finally:
+        broker.stop()
+
+
+def test_a_trigger_fails_after_max_outage_naming_the_bootstrap_servers(
+    broker: LocalService,
+) -> None:
+    topic = new_topic(broker, 1)
+    produce(broker, topic, 10, 1)
+    source = reader(broker, topic, maxOutageSeconds="1", **FAST)
+    first = source.latestOffset(source.initialOffset(), ReadAllAvailable())
+    broker.pause()
+    try:
+        with pytest.raises(OutageError) as failed:
+            triggers(source, first, 20)
+    finally:
+        broker.resume()
+    assert str(failed.value).startswith(
+        f"Kafka at {broker.address} unreachable for more than 1 s ("
+    )
+    source.stop()
+
+
+def planned(source: KafkaStreamReader, start: Checkpoint, end: Checkpoint) -> list[object]:
+    return list(source.partitions(start, end))
+
+
+def test_a_read_waits_for_a_hung_broker_and_returns_every_record(
+    broker: LocalService, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = new_topic(broker, 1)
+    produce(broker, topic, 200, 1)
+    source = reader(broker, topic, **FAST)
+    start = source.initialOffset()
+    end = source.latestOffset(start, ReadAllAvailable())
+    # The worker's consumer is connected (a first range read) before the broker hangs.
+    half = {topic: {"0": 100}}
+    assert [offset for _, offset, _ in read_all(source, start, half)] == list(range(100))
+    worker: KafkaStreamReader = pickle.loads(pickle.dumps(source))
+    (rest,) = planned(source, half, end)
+    with caplog.at_level(logging.WARNING, logger=OUTAGE_LOGGER):
+        broker.pause()
+        timer = resume_later(broker, 3.0)
+        try:
+            batches = list(worker.read(rest))  # type: ignore[arg-type]
+        finally:
+            timer.join()
+    offsets = [offset for batch in batches for offset in batch.column("offset").to_pylist()]
+    assert offsets == list(range(100, 200))
+    messages = outage_messages(caplog)
+    assert len(messages) == 2, messages
+    assert "unreachable" in messages[0]
+    assert "reachable again" in messages[1]
+    source.stop()
+
+
+def test_a_read_fails_after_max_outage_naming_the_bootstrap_servers(broker: LocalService) -> None:
+    topic = new_topic(broker, 1)
+    produce(broker, topic, 20, 1)
+    source = reader(broker, topic, maxOutageSeconds="1", **FAST)
+    start = source.initialOffset()
+    end = source.latestOffset(start, ReadAllAvailable())
+    half = {topic: {"0": 10}}
+    assert len(read_all(source, start, half)) == 10
+    worker: KafkaStreamReader = pickle.loads(pickle.dumps(source))
+    (rest,) = planned(source, half, end)
+    broker.pause()
+    try:
+        with pytest.raises(OutageError, match=rf"Kafka at {broker.address} unreachable for more"):
+            list(worker.read(rest))  # type: ignore[arg-type]
+    finally:
+        broker.resume()
+    source.stop()
+
+
+def test_the_configuration_log_is_read_across_an_outage(broker: LocalService) -> None:
+    topic = new_topic(broker, 1)
+    writer = ConfigLog(broker.address, topic)
+    for enabled in (False, True, False):
+        writer.append(SetEnforcement(enabled=enabled))
+    writer.close()
+    executor_log = ConfigLog(broker.address, topic, timeout_ms=300, max_outage_s=30)
+    assert executor_log.end() == 3  # connected
+    broker.pause()
+    timer = resume_later(broker, 2.0)
+    try:
+        records = executor_log.read(0, 3)
+    finally:
+        timer.join()
+    assert records == [encode_change(SetEnforcement(enabled=e)) for e in (False, True, False)]
+    executor_log.close()
+
+    # A command does not wait: the first timeout is its answer.
+    command_log = ConfigLog(broker.address, topic, timeout_ms=300)
+    assert command_log.end() == 3
+    broker.pause()
+    try:
+        with pytest.raises(ConfigLogError, match="not received within 300 ms"):
+            command_log.read(0, 3)
+    finally:
+        broker.resume()
+    command_log.close()
+
+
+def test_dead_letters_wait_for_a_hung_broker_and_all_arrive(
+    broker: LocalService, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = new_topic(broker, 1)
+    settings = SinkSettings.local(
+        "127.0.0.1", 1, dead_letter_topic=topic, kafka_bootstrap=broker.address
+    )
+    send_dead_letters([b'{"n": -1}'], settings)  # the producer is connected
+    values = [json.dumps({"n": n}).encode() for n in range(50)]
+    with caplog.at_level(logging.WARNING, logger=OUTAGE_LOGGER):
+        broker.pause()
+        timer = resume_later(broker, 3.0)
+        try:
+            send_dead_letters(values, settings)
+        finally:
+            timer.join()
+    consumer = KafkaConsumer(bootstrap_servers=broker.address, auto_offset_reset="earliest")
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    received: list[bytes] = []
+    while len(received) < 51:
+        batch = consumer.poll(timeout_ms=5000).get(tp, [])
+        assert batch, received
+        received += [r.value for r in batch]
+    consumer.close()
+    assert received == [b'{"n": -1}', *values]
+    messages = outage_messages(caplog)
+    assert len(messages) == 2, messages
