@@ -586,6 +586,20 @@ def engine_health() -> dashboard.Dashboard:
         )
         .with_panel(
             _series(
+                "Kafka unreachable",
+                "How long the Kafka source has found the brokers unreachable (0: they answer) "
+                "and outages begun; the query fails after kafka.max_outage_s (alert "
+                "QuotastreamKafkaUnreachable).",
+                "s",
+                [
+                    ("max(quotastream_kafka_outage_seconds)", "unreachable for"),
+                    ("sum(increase(quotastream_kafka_outages_total[$__rate_interval]))", "outages"),
+                ],
+                width=24,
+            )
+        )
+        .with_panel(
+            _series(
                 "Throttle timers",
                 "Pending throttle-release timers (all shards) and timers fired or cancelled/s.",
                 "short",
