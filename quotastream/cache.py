@@ -15,6 +15,7 @@ is down, lookups answer at once and Redis is tried again once per ``backoff_ms``
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -27,6 +28,7 @@ import redis
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from quotastream.client import Decision, QuotaClient
+from quotastream.outage import Outage
 from state.config import QuotaConfig
 
 log = logging.getLogger(__name__)
@@ -128,14 +130,21 @@ class CachedQuotaClient:
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._entities: dict[tuple[str, str, str, int], str] = {}
-        self._down_since: float | None = None
+        # An agent never gives up on Redis: it answers by its failure policy meanwhile.
+        self._outage = Outage(
+            f"Redis {name}",
+            math.inf,
+            meanwhile=(
+                f"answering from cached decisions up to {self.settings.fail_open_staleness_ms} ms "
+                f"old, else failing {self.settings.failure_policy.value}; retrying every "
+                f"{self.settings.backoff_ms} ms"
+            ),
+            clock=clock,
+            logger=log,
+        )
         self._retry_at = 0.0
-        #: Failed Redis calls (at most one per ``backoff_ms`` during an outage).
-        self.errors = 0
         #: Lookups answered without trying Redis because it was down (within the backoff).
         self.skipped = 0
-        #: Outages seen (transitions from up to down).
-        self.outages = 0
         self._metrics = _Metrics(registry) if registry is not None else None
 
     @staticmethod
@@ -174,7 +183,17 @@ class CachedQuotaClient:
     @property
     def redis_up(self) -> bool:
         """False from a failed call until the next successful one."""
-        return self._down_since is None
+        return not self._outage.down
+
+    @property
+    def errors(self) -> int:
+        """Failed Redis calls (at most one per ``backoff_ms`` during an outage)."""
+        return self._outage.failures
+
+    @property
+    def outages(self) -> int:
+        """Outages seen (transitions from up to down)."""
+        return self._outage.outages
 
     def lookup(self, quota: str, entity: str) -> Answer:
         """The decision for an entity key, from the cache when it is recent enough."""
@@ -185,10 +204,10 @@ class CachedQuotaClient:
             if entry is not None and self._age_ms(entry, now) < self.settings.max_staleness_ms:
                 self._entries.move_to_end(key)
                 return self._answer(entry.decision, Source.CACHED, self._age_ms(entry, now))
-            if self._down_since is not None and now < self._retry_at:
+            if self._outage.down and now < self._retry_at:
                 self.skipped += 1
                 return self._unreachable(entry, now)
-            if self._down_since is not None:
+            if self._outage.down:
                 # This caller probes; the others keep answering without trying until it is done.
                 self._retry_at = now + self.settings.backoff_ms / 1000
         try:
@@ -245,40 +264,15 @@ class CachedQuotaClient:
         return self._answer(None, Source.FAIL_OPEN, 0)
 
     def _failed(self, error: Exception) -> None:
-        now = self._clock()
-        self.errors += 1
-        self._retry_at = now + self.settings.backoff_ms / 1000
+        self._retry_at = self._clock() + self.settings.backoff_ms / 1000
         if self._metrics is not None:
             self._metrics.errors.inc()
-        if self._down_since is None:
-            self._down_since = now
-            self.outages += 1
-            if self._metrics is not None:
-                self._metrics.up.set(0)
-            log.warning(
-                "Redis %s unreachable (%s: %s): answering from cached decisions up to %d ms old, "
-                "else failing %s; retrying every %d ms",
-                self.name,
-                type(error).__name__,
-                error,
-                self.settings.fail_open_staleness_ms,
-                self.settings.failure_policy.value,
-                self.settings.backoff_ms,
-            )
+        if self._outage.failed(error) and self._metrics is not None:
+            self._metrics.up.set(0)
 
     def _recovered(self) -> None:
-        if self._down_since is None:
-            return
-        down_ms = int((self._clock() - self._down_since) * 1000)
-        self._down_since = None
-        if self._metrics is not None:
+        if self._outage.recovered() is not None and self._metrics is not None:
             self._metrics.up.set(1)
-        log.warning(
-            "Redis %s reachable again after %d ms (%d failed calls so far)",
-            self.name,
-            down_ms,
-            self.errors,
-        )
 
 
 class _Metrics:
