@@ -88,6 +88,10 @@ def test_a_bad_quota_file_is_named_with_its_key_and_value(
         ),
         ({"redis": {"max_outage_s": -1}}, "redis.max_outage_s"),
         (
+            {"kafka": {"max_outage_s": 0}},
+            "kafka.max_outage_s: Input should be greater than 0 (got 0)",
+        ),
+        (
             {"redis": {"ssl_cert_file": "c.pem"}},
             "ssl_cert_file and ssl_key_file must be set together",
         ),

@@ -64,6 +64,8 @@ def test_options_parse_with_defaults_and_pass_client_settings() -> None:
             "startingOffsets": '{"events": {"0": 5}}',
             "maxOffsetsPerTrigger": "1000",
             "failOnDataLoss": "false",
+            "maxOutageSeconds": "2.5",
+            "statusFile": "/run/qs/kafka-source.json",
             "kafka.security.protocol": "SASL_SSL",
             "kafka.sasl.plain.password": "hunter2",
             "kafka.request.timeout.ms": "5000",
@@ -72,6 +74,7 @@ def test_options_parse_with_defaults_and_pass_client_settings() -> None:
     assert options.topics == ("events", "more")
     assert options.starting_offsets == {("events", 0): 5}
     assert (options.max_offsets_per_trigger, options.fail_on_data_loss) == (1000, False)
+    assert (options.max_outage_s, options.status_file) == (2.5, "/run/qs/kafka-source.json")
     assert options.client == {
         "security_protocol": "SASL_SSL",
         "sasl_plain_password": "hunter2",
@@ -92,6 +95,23 @@ def test_options_parse_with_defaults_and_pass_client_settings() -> None:
         (
             {"kafka.bootstrap.servers": "x", "subscribe": "t", "maxOffsetsPerTrigger": "0"},
             "'maxOffsetsPerTrigger' must be >= 1",
+        ),
+        (
+            {"kafka.bootstrap.servers": "x", "subscribe": "t", "maxOffsetsPerTrigger": "1.5"},
+            "'maxOffsetsPerTrigger' must be a whole number, got '1.5'",
+        ),
+        *(
+            (
+                {"kafka.bootstrap.servers": "x", "subscribe": "t", "maxOutageSeconds": bad},
+                f"'maxOutageSeconds' must be {what}, got '{bad}'",
+            )
+            for bad, what in [
+                ("0", "> 0"),
+                ("-3", "> 0"),
+                ("inf", "> 0"),
+                ("nan", "> 0"),
+                ("soon", "a number"),
+            ]
         ),
         (
             {"kafka.bootstrap.servers": "x", "subscribe": "t", "failOnDataLoss": "maybe"},
