@@ -17,11 +17,13 @@ from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
+from kafka import errors as kafka_errors
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from quotastream.outage import OutageError
 from state.live_config import SetEnforcement, encode_change
 from streaming.config_log import ConfigLog, ConfigLogError
+from streaming.kafka_clients import is_outage
 from streaming.kafka_source import DataLossError, KafkaStreamReader
 from streaming.services import LocalService, start_kafka
 from streaming.sinks import SinkSettings, send_dead_letters
@@ -56,6 +58,29 @@ def resume_later(broker: LocalService, after_s: float) -> threading.Timer:
     timer = threading.Timer(after_s, broker.resume)
     timer.start()
     return timer
+
+
+@pytest.mark.parametrize(
+    ("error", "outage"),
+    [
+        # A broker down, hung or restarting, and a partition whose leader is moving.
+        (kafka_errors.KafkaConnectionError("111 ECONNREFUSED"), True),
+        (kafka_errors.KafkaTimeoutError("Failed to get offsets by timestamps in 2000 ms"), True),
+        (kafka_errors.RequestTimedOutError(), True),
+        (kafka_errors.LeaderNotAvailableError(), True),
+        (kafka_errors.NotLeaderForPartitionError(), True),
+        (kafka_errors.NodeNotReadyError(), True),
+        # Waiting does not fix these: they fail at once.
+        (kafka_errors.TopicAuthorizationFailedError(), False),
+        (kafka_errors.SaslAuthenticationFailedError(), False),
+        (kafka_errors.OffsetOutOfRangeError(), False),
+        (kafka_errors.UnsupportedVersionError(), False),
+        (kafka_errors.KafkaConfigurationError(), False),
+        (ValueError("not Kafka's"), False),
+    ],
+)
+def test_what_is_waited_out(error: Exception, outage: bool) -> None:
+    assert is_outage(error) is outage
 
 
 def test_triggers_plan_nothing_new_while_the_broker_hangs_and_the_rest_after_it(
