@@ -143,7 +143,7 @@ class ConfigLog:
 
     def _reader(self) -> KafkaConsumer:
         if self._consumer is None:
-            self._consumer = new_consumer(self.bootstrap_servers, self._client)
+            self._consumer = new_consumer(self.bootstrap_servers, self._client, self._timeout_ms)
         return self._consumer
 
     def _check_partitions(self) -> set[int]:

@@ -33,6 +33,9 @@ for _noisy in ("kafka.net", "kafka.cluster"):
 #: timeout, so this only keeps a refused connection from being retried in a busy loop).
 RETRY_PAUSE_S = 0.5
 
+#: The shortest request timeout given to a consumer (it must outlast a fetch's long poll).
+_MIN_REQUEST_TIMEOUT_MS = 1_000
+
 T = TypeVar("T")
 
 
@@ -62,11 +65,17 @@ def ride_out(call: Callable[[], T], outage: Outage, pause_s: float = RETRY_PAUSE
         return result
 
 
-def new_consumer(bootstrap_servers: str, client: Mapping[str, Any]) -> KafkaConsumer:
+def new_consumer(
+    bootstrap_servers: str, client: Mapping[str, Any], request_timeout_ms: int
+) -> KafkaConsumer:
     """A consumer that reads assigned partitions from given offsets and commits nothing.
 
     It never creates a topic by asking for it: a broker that lost its topics would otherwise
     recreate them with its default partition count, hiding the loss.
+
+    No request waits longer than ``request_timeout_ms`` (unless ``client`` says otherwise):
+    some of kafka-python's waits (a metadata refresh) have no bound of their own but this one,
+    30 s by default, and a hung broker would hold a trigger for that long.
     """
     settings: dict[str, Any] = {
         "bootstrap_servers": bootstrap_servers.split(","),
@@ -74,6 +83,8 @@ def new_consumer(bootstrap_servers: str, client: Mapping[str, Any]) -> KafkaCons
         "enable_auto_commit": False,
         "auto_offset_reset": "none",
         "allow_auto_create_topics": False,
+        # kafka-python requires it above the fetch's long poll (fetch_max_wait_ms, 500 ms).
+        "request_timeout_ms": max(request_timeout_ms, _MIN_REQUEST_TIMEOUT_MS),
         **client,
     }
     return KafkaConsumer(**settings)

@@ -53,7 +53,6 @@ from streaming.kafka_clients import (
     new_consumer,
     partition_name,
     ride_out,
-    true_end_offsets,
 )
 from streaming.offsets import (
     OffsetRange,
@@ -92,6 +91,17 @@ class ReadTask:
 
     offsets: OffsetRange
     config_version: int
+
+
+@dataclass(frozen=True)
+class _Ends:
+    """What a trigger read of the logs' ends (``KafkaStreamReader._ends``)."""
+
+    events: Offsets
+    #: The configuration log's end (``{}`` without one; 0 while its topic does not exist).
+    config: Offsets
+    #: Partitions whose reported end could not be checked against their records in time.
+    unchecked: set[tuple[str, int]]
 
 
 class DataLossError(RuntimeError):
@@ -136,7 +146,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @override
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = ride_out(lambda: self._true_ends(self._topic_partitions()), self._outage)
+        self._target = ride_out(lambda: self._ends().events, self._outage)
 
     # ------------------------------------------------------------------ driver side
     @override
@@ -145,12 +155,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ride_out(self._initial_offsets, self._outage)
 
     def _initial_offsets(self) -> dict[str, dict[str, int]]:
-        partitions = self._topic_partitions()
         starting = self.options.starting_offsets
+        if starting == "latest":
+            return to_json(self._ends().events)
+        partitions = self._topic_partitions()
         if starting == "earliest":
             offsets = self._earliest(partitions)
-        elif starting == "latest":
-            offsets = self._true_ends(partitions)
         else:
             earliest = self._earliest(partitions)
             offsets = {tp: starting.get(tp, earliest[tp]) for tp in partitions}
@@ -179,28 +189,31 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return latest
 
     def _latest(self, begin: Offsets, limit: ReadLimit) -> dict[str, dict[str, int]]:
-        partitions = self._topic_partitions()
-        available, unchecked = checked_end_offsets(
-            self._driver_consumer(), partitions, self.options.poll_timeout_ms
-        )
-        earliest = self._earliest([tp for tp in partitions if tp not in begin])
+        ends = self._ends()
+        available, config = ends.events, ends.config
+        earliest = self._earliest([TopicPartition(*tp) for tp in available if tp not in begin])
         # Partitions that appeared since the last batch are read from their beginning.
         begin = {**earliest, **begin}
-        for tp, end in available.items():
-            if end >= begin.get(tp, 0):
-                continue
-            if tp in unchecked:
-                # A slow broker, or one that reports its end too low: not proof of a loss.
-                log.warning(
-                    "%s-%d: the broker reports the log ending at %d, below %d; its records did "
-                    "not answer in time, so it is read again at the next trigger",
-                    *tp,
-                    end,
-                    begin[tp],
-                )
-                available[tp] = begin[tp]
-                continue
-            self._lost(tp, f"the next offset to read is {begin[tp]} but the log ends at {end}")
+        for logs in (available, config):
+            for tp, end in logs.items():
+                if end >= begin.get(tp, 0):
+                    continue
+                if tp in ends.unchecked:
+                    # A slow broker, or one that reports its end too low: not proof of a loss.
+                    log.warning(
+                        "%s-%d: the broker reports the log ending at %d, below %d; its records "
+                        "did not answer in time, so it is read again at the next trigger",
+                        *tp,
+                        end,
+                        begin[tp],
+                    )
+                    logs[tp] = begin[tp]
+                elif logs is config:
+                    self._lost(tp, f"the configuration log ends at {end}, below {begin[tp]}")
+                else:
+                    self._lost(
+                        tp, f"the next offset to read is {begin[tp]} but the log ends at {end}"
+                    )
         missing = {tp for tp in begin if tp[0] in self.options.topics and tp not in available}
         for tp in sorted(missing):
             # Right after a broker restart its metadata may lack a partition for a moment: only
@@ -217,14 +230,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 for tp, end in available.items()
             }
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        ends = limit_end({tp: begin[tp] for tp in available}, available, max_rows)
-        config = self._config()
-        for tp, version in config.items():
-            if version < begin.get(tp, 0):
-                self._lost(tp, f"the configuration log ends at {version}, below {begin[tp]}")
+        limited = limit_end({tp: begin[tp] for tp in available}, available, max_rows)
         # Only a trigger that read the whole metadata counts toward "missing twice in a row".
         self._missing = missing
-        return to_json({**begin, **{tp: max(end, 0) for tp, end in ends.items()}, **config})
+        return to_json({**begin, **{tp: max(end, 0) for tp, end in limited.items()}, **config})
 
     @override
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
@@ -320,14 +329,20 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _config_partition(self) -> tuple[str, int]:
         return (self.options.config_topic or "", 0)
 
-    def _config(self) -> Offsets:
-        """The configuration log's end (the newest version), kept with the batch's offsets."""
+    def _ends(self) -> _Ends:
+        """The event partitions' ends and the configuration log's (the newest version, kept
+        with the batch's offsets), read together: the driver's consumer keeps one assignment.
+        A changing one makes kafka-python drop the other topics' metadata, and fetching that
+        again from a hung broker waits far longer than any request timeout."""
+        partitions = self._topic_partitions()
         topic = self.options.config_topic
-        if topic is None:
-            return {}
-        if not self._driver_consumer().partitions_for_topic(topic):
-            return {(topic, 0): 0}
-        return self._true_ends([TopicPartition(topic, 0)])
+        has_config = topic is not None and bool(self._driver_consumer().partitions_for_topic(topic))
+        config_partitions = [TopicPartition(topic, 0)] if topic is not None and has_config else []
+        ends, unchecked = checked_end_offsets(
+            self._driver_consumer(), partitions + config_partitions, self.options.poll_timeout_ms
+        )
+        config = {} if topic is None else {(topic, 0): ends.pop((topic, 0), 0)}
+        return _Ends(ends, config, unchecked)
 
     def _earliest(self, partitions: Sequence[TopicPartition]) -> Offsets:
         if not partitions:
@@ -336,9 +351,6 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             list(partitions), timeout_ms=self.options.poll_timeout_ms
         )
         return {(tp.topic, tp.partition): offset for tp, offset in found.items()}
-
-    def _true_ends(self, partitions: Sequence[TopicPartition]) -> Offsets:
-        return true_end_offsets(self._driver_consumer(), partitions, self.options.poll_timeout_ms)
 
     def _report(self, status: OutageStatus) -> None:
         if self.options.status_file is not None:
@@ -404,7 +416,7 @@ def _worker_consumer(options: SourceOptions) -> KafkaConsumer:
 
 
 def _new_consumer(options: SourceOptions) -> KafkaConsumer:
-    return new_consumer(options.bootstrap_servers, options.client)
+    return new_consumer(options.bootstrap_servers, options.client, options.poll_timeout_ms)
 
 
 def _record_batch(

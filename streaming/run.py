@@ -104,7 +104,7 @@ def failure_line(error: BaseException) -> str:
         return first_line(error)
     line = next((ln for ln in raised.splitlines()[1:] if ln and not ln[0].isspace()), "")
     name, _, message = line.partition(": ")
-    message = re.sub(r"\s*SQLSTATE: \w+$", "", message)
+    message = re.sub(r"(\s*SQLSTATE: \w+)+$", "", message)
     if name.startswith(_OWN_MODULES) and message:
         return message
     return f"{name.rpartition('.')[2]}: {message}" if message else name or first_line(error)

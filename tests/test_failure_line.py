@@ -11,7 +11,7 @@ source perform latestOffset: Traceback (most recent call last):
   File "pyspark/sql/streaming/python_streaming_source_runner.py", line 281, in main
   File "/work/main/quotastream/outage.py", line 107, in failed
     raise OutageError(
-{raised} SQLSTATE: 38000
+{raised} SQLSTATE: 38000 SQLSTATE: XXKST
 === Streaming Query ===
 Identifier: quotastream
 Current Committed Offsets: {{...}}

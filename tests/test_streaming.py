@@ -30,6 +30,7 @@ from streaming.job import start_query
 from streaming.metrics import REDIS_WRITE_FAILURES, EngineMetrics
 from streaming.services import LocalService, start_redis
 from streaming.settings import EngineSettings
+from streaming.source_status import read_status
 from tests.expected import by_key, final_decisions
 from tests.factories import (
     BASE,
@@ -174,9 +175,16 @@ def test_events_in_kafka_become_decisions_in_redis(
     assert all(r["source"]["topic"] == topic for r in rejected)
 
 
+@pytest.mark.parametrize("kafka_down", [False, True], ids=["", "while-kafka-hangs"])
 def test_a_silent_throttled_client_is_released_on_time(
-    spark: SparkSession, kafka: LocalService, redis_server: LocalService, tmp_path: Path
+    spark: SparkSession,
+    kafka: LocalService,
+    redis_server: LocalService,
+    tmp_path: Path,
+    kafka_down: bool,
 ) -> None:
+    """Released by the timing wheel with no new event; with ``kafka_down``, the broker hangs
+    from the moment the throttle is decided: releases need no Kafka, and wait for none."""
     topic = f"silent-{uuid.uuid4().hex[:8]}"
     publish(kafka, topic, [])
     config = parse_quota_config(
@@ -189,8 +197,10 @@ def test_a_silent_throttled_client_is_released_on_time(
     listener = subscriber.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
     listener.subscribe(release_channel(topic, "produce", entity))
 
-    query = start_query(spark, settings, config)  # runs until stopped: timers can fire
+    metrics = EngineMetrics(port=0)
+    query = start_query(spark, settings, config, metrics=metrics)  # runs until stopped
     producer = KafkaProducer(bootstrap_servers=kafka.address)
+    outage = None
     try:
         # A first micro-batch warms Spark's workers up, so that the throttle below is decided
         # while it is still pending.
@@ -203,14 +213,20 @@ def test_a_silent_throttled_client_is_released_on_time(
         # One burst of 18 kB against 1 kB/s: throttled for about 7.6 s, then silence.
         event = produce("alice", "app", 18_000, int(time.time() * 1000))
         producer.send(topic, json.dumps(event).encode()).get(timeout=30)
+        if kafka_down:
+            wait_for_decision(agent, entity, query, lambda d: d.throttle_ms > 0, 60)
+            kafka.pause()
         notice = None
         while notice is None and time.monotonic() < deadline and query.isActive:
             notice = listener.get_message(timeout=1.0)
         heard_at = int(time.time() * 1000)
         assert notice is not None, query.exception() or "no release notice within 120 s"
+        outage = read_status(metrics.source_status_file)
     finally:
+        kafka.resume()
         producer.close()
         query.stop()
+        metrics.close()
         listener.close()
 
     released = json.loads(notice["data"])
@@ -221,6 +237,11 @@ def test_a_silent_throttled_client_is_released_on_time(
     assert (released["reason"], released["until"]) == ("expired", decision.until)
     assert decision.released_at == released["released_at"]
     assert decision.throttle_ms_now() == 0
+    if kafka_down:
+        # Released while the source still found the broker unreachable.
+        assert outage is not None
+        assert outage.since_ms is not None
+        assert outage.since_ms < released["released_at"]
     tick, trigger = settings.timers.tick_ms, settings.spark.trigger_ms
     # Released by the first micro-batch at or after the rounded expiration, with no new events:
     # one trigger interval later at most, unless the micro-batch before it ran longer than that.
