@@ -1,9 +1,12 @@
 """The event contract (``docs/events.md``) and its one parser/validator.
 
 Every path (``replay``, the streaming job) hands raw message payloads to :func:`parse_events`,
-which returns the accepted events as one columnar frame and every rejected payload with a reason.
-Structure and types are checked per message by msgspec (in C, with exact error paths); ranges,
-timestamp bounds and topic names are checked vectorised over the accepted columns.
+which returns the accepted events as one columnar frame and every rejected event with a reason.
+A message holds one event object or a JSON array of them (a *batched message*): each element is
+an event of its own, validated, accepted or rejected on its own, and known by its message's
+position and its index in the array. Structure and types are checked per event by msgspec (in
+C, with exact error paths); ranges, timestamp bounds and topic names are checked vectorised over
+the accepted columns.
 """
 
 from __future__ import annotations
@@ -122,7 +125,8 @@ _DECODER = msgspec.json.Decoder(
 
 #: Columns of an accepted-events frame, with the value that stands for "absent in this kind".
 EVENT_COLUMNS: dict[str, Any] = {
-    "position": None,  # index of the payload in the parsed batch
+    "position": None,  # index of the message (payload) in the parsed batch
+    "index": None,  # index of the event in its batched message; -1: the message is one event
     "kind": None,
     "ts": None,
     "bytes": None,
@@ -141,6 +145,7 @@ EVENT_COLUMNS: dict[str, Any] = {
 }
 _INT_COLUMNS = (
     "position",
+    "index",
     "ts",
     "bytes",
     "count",
@@ -176,9 +181,16 @@ class EventBounds:
 @dataclass(frozen=True)
 class ParsedEvents:
     accepted: pd.DataFrame  # EVENT_COLUMNS, in payload order
-    rejected: pd.DataFrame  # position, reason, detail, payload (the original bytes)
+    #: position, index (as accepted's), reason, detail, payload (the event's original bytes)
+    rejected: pd.DataFrame
 
-    REJECTED_COLUMNS: ClassVar[tuple[str, ...]] = ("position", "reason", "detail", "payload")
+    REJECTED_COLUMNS: ClassVar[tuple[str, ...]] = (
+        "position",
+        "index",
+        "reason",
+        "detail",
+        "payload",
+    )
 
 
 def parse_events(
@@ -186,18 +198,26 @@ def parse_events(
     bounds: EventBounds = EventBounds(),
     max_payload_bytes: int = 65_536,
 ) -> ParsedEvents:
-    """Validate raw JSON payloads; accepted events keep their payload order."""
-    sizes = np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads))
+    """Validate raw JSON payloads; accepted events keep their payload order.
+
+    ``max_payload_bytes`` bounds each event; a batched message as a whole is bounded by the
+    broker's ``message.max.bytes``.
+    """
+    events = _split_batched(payloads)
+    sizes = np.fromiter(map(len, events.payloads), dtype=np.int64, count=len(events.payloads))
     too_large = np.flatnonzero(sizes > max_payload_bytes)
-    source = payloads
-    if len(too_large):
-        source = list(payloads)
-        for oversized in too_large.tolist():
-            source[oversized] = b"{}"  # not decoded; rejected below for its size
+    judged = dict(events.rejected)
+    for number in too_large.tolist():
+        detail = f"payload is {sizes[number]} bytes, the limit is {max_payload_bytes}"
+        judged[number] = _Rejected(RejectReason.TOO_LARGE, detail)
+    source = events.payloads
+    if judged:
+        source = list(source)
+        for number in judged:
+            source[number] = b"{}"  # not decoded: already rejected
     results = _decode_all(source)
-    for position in too_large.tolist():
-        detail = f"payload is {sizes[position]} bytes, the limit is {max_payload_bytes}"
-        results[position] = _Rejected(RejectReason.TOO_LARGE, detail)
+    for number, failure in judged.items():
+        results[number] = failure
 
     type_code = np.fromiter(map(_TYPE_CODE.__getitem__, map(type, results)), np.int8, len(results))
     decoded = {
@@ -205,23 +225,104 @@ def parse_events(
         for code, event_type in enumerate(_EVENT_TYPES)
     }
     rejected = []
-    for position in np.flatnonzero(type_code == _REJECTED_CODE).tolist():
-        failure = results[position]
-        assert isinstance(failure, _Rejected)
-        rejected.append((position, failure.reason, failure.detail, payloads[position]))
+    for number in np.flatnonzero(type_code == _REJECTED_CODE).tolist():
+        result = results[number]
+        assert isinstance(result, _Rejected)
+        rejected.append((number, -1, result.reason, result.detail, events.payloads[number]))
     accepted = _columns(decoded)
-    accepted, late_rejects = _check_values(accepted, payloads, bounds)
+    accepted, late_rejects = _check_values(accepted, events.payloads, bounds)
     rejected_frame = pd.DataFrame(rejected, columns=list(ParsedEvents.REJECTED_COLUMNS))
     if len(late_rejects):
         rejected_frame = pd.concat([rejected_frame, late_rejects], ignore_index=True)
     rejected_frame = rejected_frame.sort_values("position", kind="stable", ignore_index=True)
-    rejected_frame["position"] = rejected_frame["position"].astype(np.int64)
+    # Until here ``position`` numbers events; from here on it is their message's.
+    for frame in (accepted, rejected_frame):
+        numbers = frame["position"].to_numpy(dtype=np.int64)
+        frame["index"] = events.index[numbers]
+        frame["position"] = events.message[numbers]
     return ParsedEvents(accepted=accepted, rejected=rejected_frame)
+
+
+@dataclass(frozen=True)
+class _Split:
+    """Every event of a batch of messages, batched messages split into their elements."""
+
+    payloads: Sequence[bytes]  # one per event
+    message: npt.NDArray[np.int64]  # per event: its message's position
+    index: npt.NDArray[np.int64]  # per event: its index in a batched message, -1 if none
+    #: Arrays that are not JSON, by event number: rejected whole, as one event.
+    rejected: dict[int, _Rejected]
+
+
+_BATCHED = msgspec.json.Decoder(list[msgspec.Raw])
+_JSON_WHITESPACE = b" \t\r\n"
+
+
+def _split_batched(payloads: Sequence[bytes]) -> _Split:
+    """Splits each JSON array message into its elements' bytes; other messages are one event.
+
+    An array that is not valid JSON stays one payload, rejected whole.
+    """
+    batched = [
+        position
+        for position, payload in enumerate(payloads)
+        if payload[:1] == b"[" or (payload[:1] in _JSON_WHITESPACE and payload.lstrip()[:1] == b"[")
+    ]
+    count = len(payloads)
+    if not batched:
+        return _Split(payloads, np.arange(count, dtype=np.int64), np.full(count, -1, np.int64), {})
+    events: list[bytes] = []
+    message: list[int] = []
+    index: list[int] = []
+    rejected: dict[int, _Rejected] = {}
+    start = 0
+    for position in batched:
+        events.extend(payloads[start:position])
+        message.extend(range(start, position))
+        index.extend([-1] * (position - start))
+        start = position + 1
+        elements = _decode_batched(payloads[position])
+        if isinstance(elements, _Rejected):
+            rejected[len(events)] = elements
+            events.append(payloads[position])
+            message.append(position)
+            index.append(-1)
+            continue
+        events.extend(bytes(element) for element in elements)
+        message.extend([position] * len(elements))
+        index.extend(range(len(elements)))
+    events.extend(payloads[start:])
+    message.extend(range(start, count))
+    index.extend([-1] * (count - start))
+    return _Split(
+        events, np.array(message, dtype=np.int64), np.array(index, dtype=np.int64), rejected
+    )
+
+
+def _decode_batched(payload: bytes) -> list[msgspec.Raw] | _Rejected:
+    try:
+        return _BATCHED.decode(payload)
+    except _DECODE_ERRORS as exc:
+        return _rejection(exc)
 
 
 class _Rejected(NamedTuple):
     reason: RejectReason
     detail: str
+
+
+_DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
+
+
+def _rejection(error: Exception) -> _Rejected:
+    """Why msgspec could not decode a payload (one of ``_DECODE_ERRORS``)."""
+    if isinstance(error, msgspec.ValidationError):
+        return _Rejected(_validation_reason(str(error)), str(error))
+    if isinstance(error, msgspec.DecodeError):
+        return _Rejected(RejectReason.INVALID_JSON, str(error))
+    if isinstance(error, UnicodeDecodeError):
+        return _Rejected(RejectReason.INVALID_UTF8, str(error))
+    return _Rejected(RejectReason.TOO_DEEP, "JSON is nested too deeply")
 
 
 _TYPE_CODE: dict[type, int] = {event_type: code for code, event_type in enumerate(_EVENT_TYPES)}
@@ -241,14 +342,8 @@ def _decode_all(payloads: Sequence[bytes]) -> list[_Event | _Rejected]:
         try:
             results.extend(map(_DECODER.decode, remaining))
             break
-        except msgspec.ValidationError as exc:
-            results.append(_Rejected(_validation_reason(str(exc)), str(exc)))
-        except msgspec.DecodeError as exc:
-            results.append(_Rejected(RejectReason.INVALID_JSON, str(exc)))
-        except UnicodeDecodeError as exc:
-            results.append(_Rejected(RejectReason.INVALID_UTF8, str(exc)))
-        except RecursionError:
-            results.append(_Rejected(RejectReason.TOO_DEEP, "JSON is nested too deeply"))
+        except _DECODE_ERRORS as exc:
+            results.append(_rejection(exc))
     if len(results) != len(payloads):
         raise RuntimeError("decoded results do not line up with payloads")
     return results
@@ -324,6 +419,9 @@ def _columns(decoded: dict[type[_Event], _OfKind]) -> pd.DataFrame:
         for column, absent in EVENT_COLUMNS.items():
             if column in {"position", "kind"}:
                 continue
+            if column == "index":  # set by parse_events
+                parts[column].append(np.full(count, -1, dtype=np.int64))
+                continue
             dtype = _COLUMN_DTYPE[column]
             if column not in fields:
                 parts[column].append(np.full(count, -1 if column == "role" else absent, dtype))
@@ -386,7 +484,9 @@ def _check_values(
             _failed_values(accepted, reason, fresh),
             strict=True,
         ):
-            rows.append((int(position), reason, f"{message} (got {value!r})", payloads[position]))
+            rows.append(
+                (int(position), -1, reason, f"{message} (got {value!r})", payloads[position])
+            )
     rejected = pd.DataFrame(rows, columns=list(ParsedEvents.REJECTED_COLUMNS))
     if bad.any():
         accepted = accepted[~bad].reset_index(drop=True)

@@ -127,7 +127,11 @@ def _batches(events: BinaryIO, batch_lines: int) -> Iterator[tuple[int, list[byt
 
 
 def _dead_letter_line(row: Any, first_line: int) -> str:
-    record = {"line": int(row.position) + first_line}
+    # ``index``: the event's place in a batched line; null when the line was one event.
+    record = {
+        "line": int(row.position) + first_line,
+        "index": int(row.index) if row.index >= 0 else None,
+    }
     record.update(dead_letter_record(str(row.reason), str(row.detail), row.payload))
     return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
 

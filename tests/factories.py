@@ -146,7 +146,7 @@ def malformed_payloads(seed: int, count: int) -> list[bytes]:
         lambda: text({**event(), "bytes": -rng.randrange(1, 10**6)}),
         lambda: text({**event(), "kind": "teleport"}),
         lambda: without(rng.choice(["user", "client_id", "broker", "ts", "bytes"])),
-        lambda: text([event()]),
+        lambda: text([[event()]]),  # a batched message whose one event is not an object
         lambda: text(event())[: rng.randrange(1, 40)],
         lambda: text({**event(), "broker": -1}),
     ]

@@ -84,7 +84,7 @@ BAD: list[tuple[RejectReason, Any]] = [
         lambda i: encode(P)[:-1] + b',"x":' + b"[" * 10_000 + b"]" * 10_000 + b"}",
     ),
     (RejectReason.TOO_LARGE, lambda i: with_(P, user="u" * 70_000)),
-    (RejectReason.NOT_AN_OBJECT, lambda i: json.dumps([P]).encode()),
+    (RejectReason.NOT_AN_OBJECT, lambda i: json.dumps(f"text {i}").encode()),
     (RejectReason.NOT_AN_OBJECT, lambda i: b"42"),
     (RejectReason.UNKNOWN_KIND, lambda i: with_(P, kind=f"produce{i}")),
     (RejectReason.MISSING_FIELD, lambda i: without(P, "kind")),
@@ -214,9 +214,111 @@ def test_any_payload_is_accepted_or_rejected_never_both_never_lost(
     payloads = [encode({**base, **changes}), raw, encode(base)]
     parsed = parse_events(payloads)
     positions = parsed.accepted["position"].tolist() + parsed.rejected["position"].tolist()
-    assert sorted(positions) == [0, 1, 2]
+    # ``raw`` may be a batched message of any number of events.
+    assert sorted(set(positions)) == [0, 1, 2]
+    assert positions.count(0) == positions.count(2) == 1
     assert 2 in parsed.accepted["position"].tolist()
     assert set(parsed.rejected["reason"]) <= set(RejectReason)
     accepted = parsed.accepted
     assert (accepted["bytes"] >= 0).all()
     assert accepted["ts"].between(EventBounds.min_ts_ms, EventBounds.max_ts_ms).all()
+
+
+def test_a_batched_message_is_decided_element_by_element() -> None:
+    good = [produce("alice", "app1", 10, BASE + i) for i in range(3)]
+    bad_elements: list[Any] = [42, with_(P, bytes=-1), {"kind": "produce"}]
+    batched = (
+        b"["
+        + encode(good[0])
+        + b","
+        + b"42"
+        + b","
+        + encode(good[1])
+        + b","
+        + with_(P, bytes=-1)
+        + b',{"kind": "produce"},'
+        + encode(good[2])
+        + b"]"
+    )
+    parsed = parse_events([encode(P), batched, b"  " + json.dumps([P]).encode()])
+    accepted = parsed.accepted
+    assert list(zip(accepted["position"], accepted["index"], strict=True)) == [
+        (0, -1),
+        (1, 0),
+        (1, 2),
+        (1, 5),
+        (2, 0),
+    ]
+    assert accepted["ts"].tolist() == [BASE, BASE, BASE + 1, BASE + 2, BASE]
+    rejected = parsed.rejected
+    assert list(zip(rejected["position"], rejected["index"], strict=True)) == [
+        (1, 1),
+        (1, 3),
+        (1, 4),
+    ]
+    assert rejected["reason"].tolist() == [
+        RejectReason.NOT_AN_OBJECT,
+        RejectReason.NEGATIVE_BYTES,
+        RejectReason.MISSING_FIELD,
+    ]
+    # Each bad element's own bytes go to the dead letter, not the whole message.
+    assert [json.loads(p) for p in rejected["payload"]] == [
+        bad if not isinstance(bad, bytes) else json.loads(bad) for bad in bad_elements
+    ]
+
+
+def test_a_batched_message_that_is_not_json_is_one_reject() -> None:
+    broken = b"[" + encode(P) + b","
+    parsed = parse_events([broken, b"[]"])
+    assert parsed.accepted.empty
+    assert parsed.rejected[["position", "index", "reason"]].values.tolist() == [
+        [0, -1, RejectReason.INVALID_JSON]
+    ]
+    assert parsed.rejected["payload"].tolist() == [broken]
+
+
+def test_the_size_limit_applies_to_each_event_of_a_batched_message() -> None:
+    small, large = encode(P), with_(P, user="u" * 200)
+    parsed = parse_events([b"[" + b",".join([small] * 5 + [large]) + b"]"], max_payload_bytes=150)
+    assert parsed.accepted["index"].tolist() == [0, 1, 2, 3, 4]
+    assert parsed.rejected["reason"].tolist() == [RejectReason.TOO_LARGE]
+    assert parsed.rejected["index"].tolist() == [5]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    messages=st.lists(
+        st.one_of(
+            st.tuples(st.just("single"), st.booleans()),
+            st.tuples(st.just("batched"), st.lists(st.booleans(), max_size=6)),
+        ),
+        max_size=8,
+    )
+)
+def test_batched_and_single_messages_account_for_every_event_once(
+    messages: list[tuple[str, Any]],
+) -> None:
+    """Every event, single or in a batched message, is accepted or rejected exactly once, at
+    its (position, index), and the accepted ones are the same events as sent one per message."""
+    payloads: list[bytes] = []
+    expected_good: list[tuple[int, int]] = []
+    expected_bad: list[tuple[int, int]] = []
+    for position, (shape, content) in enumerate(messages):
+        if shape == "single":
+            payloads.append(with_(P, ts=BASE + position) if content else b"nope")
+            (expected_good if content else expected_bad).append((position, -1))
+            continue
+        elements = [
+            with_(P, ts=BASE + position, bytes=index) if ok else with_(P, bytes=-1)
+            for index, ok in enumerate(content)
+        ]
+        payloads.append(b"[" + b",".join(elements) + b"]")
+        for index, ok in enumerate(content):
+            (expected_good if ok else expected_bad).append((position, index))
+    parsed = parse_events(payloads)
+    accepted = list(zip(parsed.accepted["position"], parsed.accepted["index"], strict=True))
+    rejected = list(zip(parsed.rejected["position"], parsed.rejected["index"], strict=True))
+    assert accepted == expected_good
+    assert sorted(rejected) == sorted(expected_bad)
+    batched_bytes = parsed.accepted["bytes"].to_numpy()[parsed.accepted["index"].to_numpy() >= 0]
+    assert batched_bytes.tolist() == [index for _, index in expected_good if index >= 0]
