@@ -121,6 +121,13 @@ def _parser() -> argparse.ArgumentParser:
     simulate.add_argument(
         "--duration", type=float, metavar="SECONDS", help="stop after this long (default: never)"
     )
+    simulate.add_argument(
+        "--events-per-message",
+        type=int,
+        default=1,
+        metavar="N",
+        help="publish batched messages: JSON arrays of up to N events (default 1: one event each)",
+    )
     add_admin_commands(commands)
     return parser
 
@@ -232,9 +239,18 @@ def _simulate(args: argparse.Namespace) -> int:
         settings = load_engine_settings(args.engine_config)
     except ConfigError as exc:
         return _fail(EXIT_BAD_CONFIG, str(exc))
+    if args.events_per_message < 1:
+        return _fail(
+            EXIT_BAD_CONFIG, f"--events-per-message must be >= 1, got {args.events_per_message}"
+        )
     kafka = settings.kafka
     print(f"quotastream: simulating traffic to {kafka.topics[0]} at {kafka.bootstrap_servers}")
-    traffic = LiveTraffic(kafka.bootstrap_servers, kafka.topics[0], client=kafka.client_settings())
+    traffic = LiveTraffic(
+        kafka.bootstrap_servers,
+        kafka.topics[0],
+        client=kafka.client_settings(),
+        events_per_message=args.events_per_message,
+    )
     traffic.start()
     try:
         traffic.join(timeout=args.duration)

@@ -124,6 +124,17 @@ def traffic(seconds: int, start_ms: int, seed: int = 2026) -> Iterator[Event]:
         yield from second_of_traffic(second, start_ms, rng)
 
 
+def messages(events: list[Event], events_per_message: int) -> Iterator[bytes]:
+    """``events`` as Kafka message values: one JSON object each, or JSON arrays of up to
+    ``events_per_message`` events (batched messages, docs/events.md)."""
+    if events_per_message == 1:
+        for event in events:
+            yield json.dumps(event).encode()
+        return
+    for first in range(0, len(events), events_per_message):
+        yield json.dumps(events[first : first + events_per_message]).encode()
+
+
 class LiveTraffic(threading.Thread):
     """Publishes the scenario to Kafka in real time until stopped."""
 
@@ -133,13 +144,17 @@ class LiveTraffic(threading.Thread):
         topic: str,
         seed: int = 2026,
         client: Mapping[str, Any] | None = None,
+        events_per_message: int = 1,
     ) -> None:
+        if events_per_message < 1:
+            raise ValueError(f"events per message must be >= 1, got {events_per_message}")
         super().__init__(name="quotastream-traffic", daemon=True)
         # ``client``: kafka-python settings (TLS, SASL), as the engine's own clients take them.
         self._producer = KafkaProducer(
             bootstrap_servers=bootstrap_servers.split(","), linger_ms=5, **(client or {})
         )
         self._topic = topic
+        self._events_per_message = events_per_message
         self._rng = random.Random(seed)
         self._stopping = threading.Event()
 
@@ -147,8 +162,9 @@ class LiveTraffic(threading.Thread):
         start_ms = int(time.time() * 1000) // 1000 * 1000
         second = 0
         while not self._stopping.is_set():
-            for event in second_of_traffic(second, start_ms, self._rng):
-                self._producer.send(self._topic, json.dumps(event).encode())
+            events = second_of_traffic(second, start_ms, self._rng)
+            for value in messages(events, self._events_per_message):
+                self._producer.send(self._topic, value)
             self._producer.flush()
             second += 1
             # Publish each second's events when that second has begun.

@@ -179,22 +179,20 @@ def test_shipped_example_replays(capsys: pytest.CaptureFixture[str]) -> None:
     assert "3 rejected" in captured.err
 
 
+@pytest.mark.parametrize("per_message", [1, 8])
 def test_simulate_publishes_valid_traffic_to_the_events_topic(
-    kafka: LocalService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    kafka: LocalService, tmp_path: Path, capsys: pytest.CaptureFixture[str], per_message: int
 ) -> None:
+    topic = f"simulated.events.{per_message}"
     engine = tmp_path / "engine.yaml"
     engine.write_text(
-        yaml.safe_dump(
-            {"kafka": {"bootstrap_servers": kafka.address, "topics": ["simulated.events"]}}
-        )
+        yaml.safe_dump({"kafka": {"bootstrap_servers": kafka.address, "topics": [topic]}})
     )
-    assert main(["simulate", "--engine-config", str(engine), "--duration", "2.5"]) == 0
-    assert "simulating traffic to simulated.events" in capsys.readouterr().out
+    command = ["simulate", "--engine-config", str(engine), "--duration", "2.5"]
+    assert main([*command, "--events-per-message", str(per_message)]) == 0
+    assert f"simulating traffic to {topic}" in capsys.readouterr().out
     consumer = KafkaConsumer(bootstrap_servers=kafka.address, consumer_timeout_ms=3000)
-    partitions = [
-        TopicPartition("simulated.events", p)
-        for p in consumer.partitions_for_topic("simulated.events") or ()
-    ]
+    partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
     consumer.assign(partitions)
     consumer.seek_to_beginning(*partitions)
     values = [record.value for record in consumer]
@@ -203,6 +201,20 @@ def test_simulate_publishes_valid_traffic_to_the_events_topic(
     assert len(parsed.accepted) > 20  # a couple of seconds of the scenario
     assert parsed.rejected.empty
     assert set(parsed.accepted["kind"].astype(str)) >= {"produce", "fetch", "remote_copy"}
+    batched = [value for value in values if value.startswith(b"[")]
+    if per_message == 1:
+        assert not batched
+    else:
+        assert len(batched) == len(values)
+        assert max(len(json.loads(value)) for value in values) == per_message
+        assert len(values) < len(parsed.accepted)
+
+
+def test_simulate_refuses_fewer_than_one_event_per_message(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["simulate", "--events-per-message", "0"]) == EXIT_BAD_CONFIG
+    assert "--events-per-message must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_simulate_names_a_bad_engine_setting(
