@@ -2,11 +2,14 @@
 
 ::
 
-    quotastream-kafka source (Kafka records, offsets in the checkpoint)
-      -> mapInArrow: usage_batches        validate, resolve entity, sum per (entity, sample)
+    quotastream-kafka source (offsets in the checkpoint); each read, on its executor, stages
+      its records: validate, resolve entity, sum per (entity, sample)     (staged_batches)
       -> groupBy(shard).applyInPandasWithState: update_shard    one state value per shard
       -> foreachBatch: mapInArrow(write_batches) on the executors  -> Redis, dead-letter topic
                        (with metrics: a bounded summary back to the driver -> Prometheus)
+
+A record crosses from Python into the JVM once, already summed: the source's rows are usage
+sums and rejects, never raw payloads.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from state.config import QuotaConfig
 from streaming.config_log import ConfigLog, ConfigSource
-from streaming.kafka_source import KafkaSource
+from streaming.kafka_source import engine_source
 from streaming.metrics import EngineMetrics
 from streaming.settings import EngineSettings, KafkaSettings
 from streaming.sinks import WRITE_COUNTS, WRITE_SUMMARY, SinkSettings, write_batches
@@ -37,7 +40,6 @@ from streaming.stages import (
     ShardState,
     StageSettings,
     update_shard,
-    usage_batches,
 )
 
 log = logging.getLogger(__name__)
@@ -53,7 +55,6 @@ def local_spark(settings: EngineSettings, app_name: str = "quotastream") -> Spar
         SparkSession.builder.master(settings.spark.master)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", str(settings.spark.shuffle_partitions))
         # Each shard is one state value (a blob): a handful of large values, which the
         # in-memory store commits in a third of RocksDB's time (docs/streaming.md).
         .config(
@@ -67,7 +68,6 @@ def local_spark(settings: EngineSettings, app_name: str = "quotastream") -> Spar
     for key, value in settings.spark.conf.items():
         builder = builder.config(key, value)
     spark: SparkSession = builder.getOrCreate()
-    spark.dataSource.register(KafkaSource)
     return spark
 
 
@@ -88,7 +88,9 @@ def start_query(
     options = source_options(kafka)
     if metrics is not None:
         options["statusFile"] = str(metrics.source_status_file)
-    reader = spark.readStream.format(KafkaSource.name()).options(**options)
+    # One read task and one state task per core: each costs a Python round trip per batch.
+    cores = spark.sparkContext.defaultParallelism
+    options["readTasks"] = str(cores)
     live_configs = None
     if kafka.config_topic is not None:
         _check_config_log(settings, config)
@@ -114,10 +116,10 @@ def start_query(
     # the input is read (available-now) must not wait for timers, so it runs none.
     spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", str(not available_now).lower())
     # Taken by a new checkpoint only; a restarted query keeps the count it began with.
-    spark.conf.set("spark.sql.shuffle.partitions", str(settings.spark.shuffle_partitions))
-    staged = reader.load().mapInArrow(
-        partial(usage_batches, settings=stage), from_arrow_schema(STAGE_SCHEMA)
-    )
+    spark.conf.set("spark.sql.shuffle.partitions", str(settings.spark.state_tasks(cores)))
+    source = engine_source(stage)
+    spark.dataSource.register(source)
+    staged = spark.readStream.format(source.name()).options(**options).load()
     decided = staged.groupBy("shard").applyInPandasWithState(
         partial(_update_group, stage=stage),
         outputStructType=from_arrow_schema(DECISION_SCHEMA),
@@ -138,7 +140,7 @@ def start_query(
         writer = writer.trigger(processingTime=f"{settings.spark.trigger_ms} milliseconds")
     query = writer.start()
     if metrics is not None:
-        metrics.attach(spark, str(query.id))
+        metrics.attach(spark, str(query.id), event_topics=kafka.topics)
     return query
 
 

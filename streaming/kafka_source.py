@@ -1,6 +1,9 @@
 """Kafka as a Spark streaming source: a Python data source built on kafka-python.
 
-Spark's JVM Kafka connector is not always available, so quotastream reads Kafka itself:
+Spark's JVM Kafka connector is not always available, so quotastream reads Kafka itself, and
+decides where the event enters: each read parses, validates, resolves and sums its records on
+the executor that fetched them (``streaming.stages.staged_batches``), so the source's rows are
+usage sums, segment events and rejects, and raw payloads never cross into the JVM.
 
 * offsets per topic-partition live in Spark's checkpoint (``streaming.offsets``), so a restarted
   query replays exactly the ranges of the batch it did not finish;
@@ -19,8 +22,9 @@ Spark's JVM Kafka connector is not always available, so quotastream reads Kafka 
 
 Usage::
 
-    spark.dataSource.register(KafkaSource)
-    spark.readStream.format("quotastream-kafka")
+    source = engine_source(stage_settings)
+    spark.dataSource.register(source)
+    spark.readStream.format(source.name())
         .option("kafka.bootstrap.servers", "host:9092").option("subscribe", "events").load()
 """
 
@@ -28,14 +32,16 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError, OffsetOutOfRangeError
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -59,37 +65,29 @@ from streaming.offsets import (
     Offsets,
     SourceOptions,
     from_json,
+    group_ranges,
     limit_end,
     plan_ranges,
     to_json,
 )
 from streaming.source_status import write_status
+from streaming.stages import STAGE_SCHEMA, KafkaRecords, StageSettings, staged_batches
 
 log = logging.getLogger(__name__)
 
-SCHEMA = (
-    "key binary, value binary, topic string, partition int, offset long, timestamp long, "
-    "config_version long"
-)
-ARROW_SCHEMA = pa.schema(
-    [
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("timestamp", pa.int64()),
-        ("config_version", pa.int64()),  # the live configuration this micro-batch decides with
-    ]
-)
-_RECORDS_PER_BATCH = 8192
+#: A read task has at least this many records (unless the batch has fewer): tiny micro-batches
+#: run one task, not one per partition.
+MIN_RECORDS_PER_TASK = 2_000
+#: Records fetched per poll and staged together: large enough that the staging's per-call costs
+#: (pandas, Arrow) vanish per record, small enough to bound a worker's memory.
+RECORDS_PER_CHUNK = 100_000
 
 
 @dataclass(frozen=True)
 class ReadTask:
-    """One input partition: an offset range, and the configuration version of its batch."""
+    """One input partition: offset ranges, and the configuration version of their batch."""
 
-    offsets: OffsetRange
+    ranges: tuple[OffsetRange, ...]
     config_version: int
 
 
@@ -109,23 +107,47 @@ class DataLossError(RuntimeError):
 
 
 class KafkaSource(DataSource):
+    """The engine's source; :func:`engine_source` binds the stage settings its reads need."""
+
+    stage: ClassVar[StageSettings | None] = None
+
     @classmethod
     @override
     def name(cls) -> str:
         return "quotastream-kafka"
 
     @override
-    def schema(self) -> str:
-        return SCHEMA
+    def schema(self) -> StructType:
+        return from_arrow_schema(STAGE_SCHEMA)
 
     @override
     def streamReader(self, schema: StructType) -> KafkaStreamReader:
-        return KafkaStreamReader(SourceOptions.parse(self.options))
+        if self.stage is None:
+            raise TypeError("register engine_source(settings), not KafkaSource itself")
+        return KafkaStreamReader(SourceOptions.parse(self.options), self.stage)
+
+
+def engine_source(stage: StageSettings) -> type[KafkaSource]:
+    """A source class carrying ``stage`` (Spark pickles a registered class by value, so its
+    workers get the settings without passing them through string options). Each has its own
+    name: queries in one session may decide with different settings."""
+    name = f"quotastream-kafka-{uuid.uuid4().hex[:12]}"
+
+    class EngineKafkaSource(KafkaSource):
+        @classmethod
+        @override
+        def name(cls) -> str:
+            return name
+
+    EngineKafkaSource.stage = stage
+    return EngineKafkaSource
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: SourceOptions) -> None:
+    def __init__(self, options: SourceOptions, stage: StageSettings | None = None) -> None:
         self.options = options
+        #: How reads stage their records (None: :meth:`records` only, as tests use it).
+        self.stage = stage
         self._consumer: KafkaConsumer | None = None
         #: With Trigger.AvailableNow: the ends to stop at, taken when the query starts.
         self._target: Offsets | None = None
@@ -139,10 +161,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __getstate__(self) -> dict[str, Any]:
         # Shipped to the workers without the driver's consumer, targets and clock.
-        return {"options": self.options}
+        return {"options": self.options, "stage": self.stage}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["options"])  # type: ignore[misc]
+        self.__init__(state["options"], state["stage"])  # type: ignore[misc]
 
     @override
     def prepareForTriggerAvailableNow(self) -> None:
@@ -244,7 +266,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # again from its beginning.
         restarted = {tp: 0 for tp, offset in until.items() if offset < begin.get(tp, 0)}
         ranges = plan_ranges({**begin, **restarted}, until)
-        return [InputPartition(ReadTask(offset_range, version)) for offset_range in ranges]
+        tasks = self.options.read_tasks or len(ranges)
+        return [
+            InputPartition(ReadTask(tuple(group), version))
+            for group in group_ranges(ranges, tasks, MIN_RECORDS_PER_TASK)
+        ]
 
     @override
     def commit(self, end: dict[str, Any]) -> None:
@@ -259,23 +285,38 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # ------------------------------------------------------------------ worker side
     @override
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """The records of one planned range. They must all be read (the range is in the
-        checkpoint already), so a broker that stops answering is waited for, up to
+        """The staged rows (``STAGE_SCHEMA``) of one planned range's records."""
+        if self.stage is None:
+            raise TypeError("this reader has no stage settings: use records()")
+        for records in self.records(partition.value):
+            yield from staged_batches(records, self.stage)
+
+    def records(self, task: ReadTask) -> Iterator[KafkaRecords]:
+        """The records of a read task's ranges, in chunks."""
+        for offset_range in task.ranges:
+            yield from self._range_records(offset_range, task.config_version)
+
+    def _range_records(
+        self, offset_range: OffsetRange, config_version: int
+    ) -> Iterator[KafkaRecords]:
+        """The records of one planned range, in chunks. They must all be read (the range is in
+        the checkpoint already), so a broker that stops answering is waited for, up to
         ``maxOutageSeconds``; records that are gone are data loss."""
-        task: ReadTask = partition.value
-        offset_range = task.offsets
         # Each read times its own outage: executors do not report to the driver's status file.
         outage = kafka_outage(self.options.bootstrap_servers, self.options.max_outage_s)
         consumer = ride_out(lambda: _worker_consumer(self.options), outage)
         tp = TopicPartition(offset_range.topic, offset_range.partition)
         consumer.assign([tp])
         consumer.seek(tp, offset_range.start)
-        rows: dict[str, list[Any]] = {name: [] for name in ARROW_SCHEMA.names}
+        offsets: list[int] = []
+        values: list[bytes | None] = []
         expected = offset_range.start
         stalled_since = time.monotonic()
-        while consumer.position(tp) < offset_range.end:
+        while (position := consumer.position(tp)) < offset_range.end:
             try:
-                records = consumer.poll(timeout_ms=200, max_records=_RECORDS_PER_BATCH).get(tp, [])
+                # Never more than the range needs: kafka-python parses every record it returns.
+                wanted = min(offset_range.end - position, RECORDS_PER_CHUNK - len(offsets))
+                records = consumer.poll(timeout_ms=200, max_records=wanted).get(tp, [])
             except OffsetOutOfRangeError:
                 # The next offset is gone (or never was); if that is tolerated, go on from the
                 # earliest offset the log still has.
@@ -297,16 +338,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for record in records:
                 if record.offset >= offset_range.end:
                     break
-                rows["key"].append(record.key)
-                rows["value"].append(record.value)
-                rows["offset"].append(record.offset)
-                rows["timestamp"].append(record.timestamp)
+                offsets.append(record.offset)
+                values.append(record.value)
             expected = records[-1].offset + 1
-            if len(rows["offset"]) >= _RECORDS_PER_BATCH:
-                yield _record_batch(rows, tp, task.config_version)
-                rows = {name: [] for name in ARROW_SCHEMA.names}
-        if rows["offset"]:
-            yield _record_batch(rows, tp, task.config_version)
+            if len(offsets) >= RECORDS_PER_CHUNK:
+                yield KafkaRecords(tp.topic, tp.partition, offsets, values, config_version)
+                offsets, values = [], []
+        if offsets:
+            yield KafkaRecords(tp.topic, tp.partition, offsets, values, config_version)
 
     # ------------------------------------------------------------------ internals
     def _driver_consumer(self) -> KafkaConsumer:
@@ -417,13 +456,3 @@ def _worker_consumer(options: SourceOptions) -> KafkaConsumer:
 
 def _new_consumer(options: SourceOptions) -> KafkaConsumer:
     return new_consumer(options.bootstrap_servers, options.client, options.poll_timeout_ms)
-
-
-def _record_batch(
-    rows: dict[str, list[Any]], tp: TopicPartition, config_version: int
-) -> pa.RecordBatch:
-    count = len(rows["offset"])
-    rows["topic"] = [tp.topic] * count
-    rows["partition"] = [tp.partition] * count
-    rows["config_version"] = [config_version] * count
-    return pa.RecordBatch.from_pydict(rows, schema=ARROW_SCHEMA)

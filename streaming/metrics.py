@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -48,7 +48,7 @@ from quotastream.outage import OutageStatus
 from state.live_config import Mode
 from state.quota_types import QuotaType
 from streaming import stages
-from streaming.offsets import lost_offsets
+from streaming.offsets import lost_offsets, records_read
 from streaming.source_status import read_status
 
 log = logging.getLogger(__name__)
@@ -510,6 +510,8 @@ class EngineMetrics:
         self._status_dir = tempfile.TemporaryDirectory(prefix="quotastream-metrics-")
         #: Where the query's Kafka source reports its outage clock (``start_query`` passes it).
         self.source_status_file = Path(self._status_dir.name) / "kafka-source.json"
+        #: Topics whose records count as input (``attach``); None: every topic of the source.
+        self.event_topics: Collection[str] | None = None
         registry = self.registry
         self.remote_log_size = Gauge(
             REMOTE_LOG_SIZE,
@@ -630,7 +632,13 @@ class EngineMetrics:
         duration_ms = (progress.get("durationMs") or {}).get("triggerExecution")
         if duration_ms is not None:
             self.batch_duration.observe(duration_ms / 1000)
-        self.input_events.inc(int(progress.get("numInputRows") or 0))
+        # Spark's input rows are the source's staged rows (sums, rejects), not Kafka records.
+        self.input_events.inc(
+            sum(
+                records_read(source.get("startOffset"), source.get("endOffset"), self.event_topics)
+                for source in progress.get("sources") or ()
+            )
+        )
         self.input_rate.set(_finite(progress.get("inputRowsPerSecond")))
         self.processed_rate.set(_finite(progress.get("processedRowsPerSecond")))
         for source in progress.get("sources") or ():
@@ -650,8 +658,10 @@ class EngineMetrics:
         else:
             self.last_batch.set(self.clock())
 
-    def attach(self, spark: Any, query_id: str) -> Any:
-        """Registers a :class:`ProgressListener` for one query; returns it (to remove it)."""
+    def attach(self, spark: Any, query_id: str, event_topics: Collection[str] | None = None) -> Any:
+        """Registers a :class:`ProgressListener` for one query; returns it (to remove it).
+        ``event_topics``: the topics whose records count as input (not the configuration log)."""
+        self.event_topics = event_topics
         listener = _listener(self, query_id)
         spark.streams.addListener(listener)
         return listener

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -80,6 +80,21 @@ def lost_offsets(start: object, end: object) -> list[LostOffsets]:
     ]
 
 
+def records_read(start: object, end: object, topics: Collection[str] | None = None) -> int:
+    """How many Kafka records a micro-batch read, from Spark's progress (offsets as for
+    :func:`lost_offsets`), counting only ``topics`` (None: all; the configuration log's offset
+    is a version, not records read). A partition that restarted counts from 0."""
+    begin, until = _checkpoint_offsets(start), _checkpoint_offsets(end)
+    if until is None:
+        return 0
+    begin = begin or {}
+    return sum(
+        offset - (begin.get(tp, 0) if offset >= begin.get(tp, 0) else 0)
+        for tp, offset in until.items()
+        if topics is None or tp[0] in topics
+    )
+
+
 def _checkpoint_offsets(value: object) -> Offsets | None:
     if isinstance(value, str):
         try:
@@ -101,6 +116,27 @@ def plan_ranges(start: Offsets, end: Offsets) -> list[OffsetRange]:
         for (topic, partition), until in sorted(end.items())
         if until > start.get((topic, partition), 0)
     ]
+
+
+def group_ranges(
+    ranges: list[OffsetRange], tasks: int, min_records: int
+) -> list[list[OffsetRange]]:
+    """``ranges`` packed into at most ``tasks`` read tasks of at least ``min_records`` records
+    each (fewer tasks when there is little to read), balanced by size, in a stable order.
+
+    Each task costs Spark a Python worker round trip (tens of milliseconds): a micro-batch of a
+    few records should be one task, a large one should keep every core busy.
+    """
+    total = sum(offset_range.size for offset_range in ranges)
+    count = max(1, min(len(ranges), tasks, total // max(min_records, 1)))
+    groups: list[list[OffsetRange]] = [[] for _ in range(count)]
+    loads = [0] * count
+    # Largest first, each to the least loaded task: within 4/3 of the best balance.
+    for offset_range in sorted(ranges, key=lambda r: (-r.size, r.topic, r.partition)):
+        lightest = loads.index(min(loads))
+        groups[lightest].append(offset_range)
+        loads[lightest] += offset_range.size
+    return [sorted(group, key=lambda r: (r.topic, r.partition)) for group in groups if group]
 
 
 def limit_end(start: Offsets, available: Offsets, max_records: int | None) -> Offsets:
@@ -138,6 +174,9 @@ class SourceOptions:
     #: The live configuration's log (``streaming.config_log``): its end offset is pinned with
     #: each batch's offsets as the configuration version the batch decides with.
     config_topic: str | None = None
+    #: At most this many read tasks per micro-batch (the engine passes Spark's parallelism);
+    #: None: one per topic-partition.
+    read_tasks: int | None = None
     #: kafka-python settings from ``kafka.*`` options (``kafka.security.protocol`` ->
     #: ``security_protocol``). May hold secrets (SASL passwords): kept out of repr and logs.
     client: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -180,6 +219,7 @@ class SourceOptions:
             max_outage_s=_positive(lowered, "maxOutageSeconds", float) or 300.0,
             status_file=lowered.get("statusfile", "").strip() or None,
             config_topic=config_topic,
+            read_tasks=_positive(lowered, "readTasks", int),
             client=_client_settings(options),
         )
 

@@ -128,9 +128,15 @@ class SparkSettings(BaseModel):
     #: State groups per micro-batch: the unit of parallelism of the stateful stage.
     shards: Annotated[int, Field(ge=1, le=4096)] = 8
     trigger_ms: Annotated[int, Field(ge=0)] = 1000
-    shuffle_partitions: Annotated[int, Field(ge=1)] = 2
+    #: Tasks of the stateful stage; None: one per core, at most one per shard (each task costs
+    #: a Python round trip per micro-batch: docs/streaming.md#what-a-micro-batch-costs).
+    shuffle_partitions: Annotated[int, Field(ge=1)] | None = None
     #: More Spark settings for the session, e.g. ``spark.executor.memory`` on a cluster.
     conf: dict[str, str] = {}
+
+    def state_tasks(self, cores: int) -> int:
+        """``spark.sql.shuffle.partitions`` for a new checkpoint, given Spark's parallelism."""
+        return self.shuffle_partitions or max(1, min(self.shards, cores))
 
 
 class TimerSettings(BaseModel):

@@ -233,7 +233,8 @@ def _json(value: dict[str, Any]) -> str:
 
 def _dead_letter(row: dict[str, Any]) -> bytes:
     record = dead_letter_record(row["reason"], row["detail"], row["payload"] or b"")
-    record["source"] = {key: row[key] for key in ("topic", "partition", "offset")}
+    # ``index``: the event's place in a batched message; null when the message was one event.
+    record["source"] = {key: row[key] for key in ("topic", "partition", "offset", "index")}
     return json.dumps(record).encode()
 
 

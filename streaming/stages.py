@@ -1,9 +1,11 @@
 """The two Python stages of the streaming query, as plain functions over Arrow and pandas.
 
-1. :func:`usage_batches` (``mapInArrow``, no state): validates Kafka values, resolves each
-   event's quota and entity, and sums the counted bytes per (quota, entity, sample). Summing is
-   exact: after a batch, windows and decisions depend only on the events, not on their order
-   (``tests/test_rolling.py``). Rejected events pass through with their reason.
+1. :func:`staged_batches` (in the Kafka source's ``read()``, on the executor that reads the
+   records, no state): validates Kafka values, resolves each event's quota and entity, and sums
+   the counted bytes per (quota, entity, sample), so raw payloads never cross into the JVM.
+   Summing is exact: after a batch, windows and decisions depend only on the events, not on
+   their order (``tests/test_rolling.py``). Rejected events pass through with their reason and
+   their coordinates (topic, partition, offset, index in a batched message).
 2. :func:`update_shard` (``applyInPandasWithState``, one group per shard): records a shard's usage
    in its :class:`~state.core.QuotaCore`, emits each touched entity's latest decision, and keeps
    every pending throttle's release in the shard's timing wheel
@@ -57,6 +59,7 @@ STAGE_SCHEMA = pa.schema(
         ("topic", pa.string()),  # rejects: where the payload came from
         ("partition", pa.int32()),
         ("offset", pa.int64()),
+        ("index", pa.int32()),  # rejects: the event's index in its batched message, else null
         ("payload", pa.binary()),
         ("reason", pa.string()),
         ("detail", pa.string()),
@@ -114,40 +117,35 @@ def shard_of(entities: pd.Series, shards: int) -> npt.NDArray[np.int32]:
     return (hashes % np.uint64(shards)).astype(np.int32)
 
 
-def usage_batches(
-    batches: Iterator[pa.RecordBatch], settings: StageSettings
-) -> Iterator[pa.RecordBatch]:
-    """Stage 1: Kafka records in, usage sums and rejects out."""
-    cores: dict[int, QuotaCore] = {}
-    for batch in batches:
-        # A micro-batch has one configuration version; a batch of records has one version.
-        version = _config_version(batch)
-        if version not in cores:
-            cores.clear()
-            cores[version] = QuotaCore(settings.live(version).config)
-        values = batch.column("value").to_pylist()
-        payloads = [value if value is not None else b"" for value in values]
-        bounds = settings.bounds.around(
-            settings.now_ms(), settings.max_past_ms, settings.max_future_ms
-        )
-        parsed = parse_events(payloads, bounds, settings.max_payload_bytes)
-        is_segment = (parsed.accepted["kind"] == EventKind.REMOTE_SEGMENT).to_numpy()
-        if is_segment.any():
-            segments = _segments(parsed.accepted[is_segment], settings)
-            yield pa.RecordBatch.from_pandas(segments, schema=STAGE_SCHEMA, preserve_index=False)
-        if len(parsed.accepted):
-            core = cores[version]
-            usage = _usage(core.resolve(parsed.accepted), settings, core.config, version)
-            if len(usage):
-                yield pa.RecordBatch.from_pandas(usage, schema=STAGE_SCHEMA, preserve_index=False)
-        if len(parsed.rejected):
-            yield _rejects(batch, parsed.rejected)
+@dataclass(frozen=True)
+class KafkaRecords:
+    """Consecutive records of one topic-partition, and the configuration version their
+    micro-batch decides with."""
+
+    topic: str
+    partition: int
+    offsets: list[int]
+    values: list[bytes | None]
+    config_version: int
 
 
-def _config_version(batch: pa.RecordBatch) -> int:
-    if "config_version" not in batch.schema.names or batch.num_rows == 0:
-        return 0
-    return int(batch.column("config_version")[0].as_py())
+def staged_batches(records: KafkaRecords, settings: StageSettings) -> Iterator[pa.RecordBatch]:
+    """Stage 1: Kafka records in, usage sums, segment events and rejects out (STAGE_SCHEMA)."""
+    payloads = [value if value is not None else b"" for value in records.values]
+    bounds = settings.bounds.around(settings.now_ms(), settings.max_past_ms, settings.max_future_ms)
+    parsed = parse_events(payloads, bounds, settings.max_payload_bytes)
+    is_segment = (parsed.accepted["kind"] == EventKind.REMOTE_SEGMENT).to_numpy()
+    if is_segment.any():
+        segments = _segments(parsed.accepted[is_segment], settings)
+        yield pa.RecordBatch.from_pandas(segments, schema=STAGE_SCHEMA, preserve_index=False)
+    if len(parsed.accepted):
+        live = settings.live(records.config_version)
+        core = QuotaCore(live.config)
+        usage = _usage(core.resolve(parsed.accepted), settings, core.config, records.config_version)
+        if len(usage):
+            yield pa.RecordBatch.from_pandas(usage, schema=STAGE_SCHEMA, preserve_index=False)
+    if len(parsed.rejected):
+        yield _rejects(records, parsed.rejected)
 
 
 def _usage(
@@ -232,16 +230,18 @@ def _modes(resolved: pd.DataFrame, config: QuotaConfig) -> npt.NDArray[np.object
     return modes
 
 
-def _rejects(batch: pa.RecordBatch, rejected: pd.DataFrame) -> pa.RecordBatch:
-    positions = pa.array(rejected["position"].to_numpy())
+def _rejects(records: KafkaRecords, rejected: pd.DataFrame) -> pa.RecordBatch:
     count = len(rejected)
+    offsets = np.asarray(records.offsets, dtype=np.int64)[rejected["position"].to_numpy()]
+    index = rejected["index"].to_numpy()
     columns = {
         "row_type": pa.array([REJECT] * count, pa.string()),
         # Rejects are not sharded: they all pass through the dead-letter group.
-        "shard": pa.array([-1] * count, pa.int32()),
-        "topic": batch.column("topic").take(positions),
-        "partition": batch.column("partition").take(positions),
-        "offset": batch.column("offset").take(positions),
+        "shard": pa.array(np.full(count, -1, dtype=np.int32)),
+        "topic": pa.array([records.topic] * count, pa.string()),
+        "partition": pa.array(np.full(count, records.partition, dtype=np.int32)),
+        "offset": pa.array(offsets),
+        "index": pa.array(index.astype(np.int32), mask=index < 0),
         "payload": pa.array(rejected["payload"].tolist(), pa.binary()),
         "reason": pa.array(rejected["reason"].astype(str).tolist(), pa.string()),
         "detail": pa.array(rejected["detail"].tolist(), pa.string()),
@@ -275,6 +275,7 @@ DECISION_SCHEMA = pa.schema(
         ("topic", pa.string()),
         ("partition", pa.int32()),
         ("offset", pa.int64()),
+        ("index", pa.int32()),
         ("payload", pa.binary()),
         ("reason", pa.string()),
         ("detail", pa.string()),

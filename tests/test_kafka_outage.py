@@ -164,23 +164,25 @@ def test_a_read_waits_for_a_hung_broker_and_returns_every_record(
     broker: LocalService, caplog: pytest.LogCaptureFixture
 ) -> None:
     topic = new_topic(broker, 1)
-    produce(broker, topic, 200, 1)
+    produce(broker, topic, 100, 1)
     source = reader(broker, topic, **FAST)
     start = source.initialOffset()
-    end = source.latestOffset(start, ReadAllAvailable())
-    # The worker's consumer is connected (a first range read) before the broker hangs.
-    half = {topic: {"0": 100}}
+    # The worker's consumer is connected (a first range read) before the broker hangs; the
+    # rest is published after it, so that read cannot have fetched any of it ahead.
+    half = source.latestOffset(start, ReadAllAvailable())
     assert [offset for _, offset, _ in read_all(source, start, half)] == list(range(100))
+    produce(broker, topic, 100, 1)
+    end = source.latestOffset(half, ReadAllAvailable())
     worker: KafkaStreamReader = pickle.loads(pickle.dumps(source))
     (rest,) = planned(source, half, end)
     with caplog.at_level(logging.WARNING, logger=OUTAGE_LOGGER):
         broker.pause()
         timer = resume_later(broker, 3.0)
         try:
-            batches = list(worker.read(rest))  # type: ignore[arg-type]
+            chunks = list(worker.records(rest.value))  # type: ignore[attr-defined]
         finally:
             timer.join()
-    offsets = [offset for batch in batches for offset in batch.column("offset").to_pylist()]
+    offsets = [offset for records in chunks for offset in records.offsets]
     assert offsets == list(range(100, 200))
     messages = outage_messages(caplog)
     assert len(messages) == 2, messages
@@ -191,18 +193,19 @@ def test_a_read_waits_for_a_hung_broker_and_returns_every_record(
 
 def test_a_read_fails_after_max_outage_naming_the_bootstrap_servers(broker: LocalService) -> None:
     topic = new_topic(broker, 1)
-    produce(broker, topic, 20, 1)
+    produce(broker, topic, 10, 1)
     source = reader(broker, topic, maxOutageSeconds="1", **FAST)
     start = source.initialOffset()
-    end = source.latestOffset(start, ReadAllAvailable())
-    half = {topic: {"0": 10}}
+    half = source.latestOffset(start, ReadAllAvailable())
     assert len(read_all(source, start, half)) == 10
+    produce(broker, topic, 10, 1)
+    end = source.latestOffset(half, ReadAllAvailable())
     worker: KafkaStreamReader = pickle.loads(pickle.dumps(source))
     (rest,) = planned(source, half, end)
     broker.pause()
     try:
         with pytest.raises(OutageError, match=rf"Kafka at {broker.address} unreachable for more"):
-            list(worker.read(rest))  # type: ignore[arg-type]
+            list(worker.records(rest.value))  # type: ignore[attr-defined]
     finally:
         broker.resume()
     source.stop()

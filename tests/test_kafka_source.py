@@ -57,12 +57,10 @@ def read_all(
     worker = pickle.loads(pickle.dumps(source))
     rows: list[tuple[int, int, bytes]] = []
     for partition in source.partitions(start, end):
-        for batch in worker.read(partition):
-            rows += zip(
-                batch.column("partition").to_pylist(),
-                batch.column("offset").to_pylist(),
-                batch.column("value").to_pylist(),
-                strict=True,
+        for records in worker.records(partition.value):
+            rows += (
+                (records.partition, offset, value)
+                for offset, value in zip(records.offsets, records.values, strict=True)
             )
     return rows
 

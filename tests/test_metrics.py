@@ -210,13 +210,21 @@ def test_a_writer_summary_keeps_top_k_throttled_and_tracked_rows_only() -> None:
 
 def test_progress_feeds_the_batch_metrics() -> None:
     metrics = EngineMetrics(port=0)
+    metrics.event_topics = ["events"]
     metrics.record_progress(
         {
             "timestamp": "2026-01-01T00:00:00.000Z",
             "durationMs": {"triggerExecution": 1500},
-            "numInputRows": 42,
+            "numInputRows": 7,  # the source's staged rows: not what the input counts
             "inputRowsPerSecond": 21.0,
             "processedRowsPerSecond": math.nan,
+            "sources": [
+                {
+                    "startOffset": {"events": {"0": 100, "1": 5}, "config": {"0": 3}},
+                    # Partition 1 restarted (counted from 0), partition 2 is new.
+                    "endOffset": {"events": {"0": 130, "1": 2, "2": 10}, "config": {"0": 9}},
+                }
+            ],
         }
     )
     text = metrics.scrape()

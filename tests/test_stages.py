@@ -22,16 +22,16 @@ from state.live_config import (
     encode_change,
 )
 from state.quota_types import QuotaType
-from streaming.kafka_source import ARROW_SCHEMA
 from streaming.stages import (
     REJECT,
     REMOTE_LOG,
     TIMERS,
     USAGE,
+    KafkaRecords,
     ShardState,
     StageSettings,
+    staged_batches,
     update_shard,
-    usage_batches,
 )
 from tests.expected import final_decisions
 from tests.factories import BASE, MIXED_QUOTAS, mixed_payloads, produce, remote_segment
@@ -47,22 +47,37 @@ def payloads(seed: int, count: int) -> list[bytes]:
     return out
 
 
-def kafka_batch(
+def kafka_records(
     values: list[bytes], first_offset: int = 0, config_version: int = 0
-) -> pa.RecordBatch:
-    count = len(values)
-    return pa.RecordBatch.from_pydict(
-        {
-            "key": [None] * count,
-            "value": values,
-            "topic": ["events"] * count,
-            "partition": [0] * count,
-            "offset": list(range(first_offset, first_offset + count)),
-            "timestamp": [0] * count,
-            "config_version": [config_version] * count,
-        },
-        schema=ARROW_SCHEMA,
-    )
+) -> KafkaRecords:
+    offsets = list(range(first_offset, first_offset + len(values)))
+    return KafkaRecords("events", 0, offsets, list(values), config_version)
+
+
+def staged(values: list[bytes], stage: StageSettings, config_version: int = 0) -> pd.DataFrame:
+    batches = list(staged_batches(kafka_records(values, config_version=config_version), stage))
+    rows: pd.DataFrame = pa.Table.from_batches(batches).to_pandas()
+    return rows
+
+
+def batched(values: list[bytes], sizes: list[int]) -> list[bytes]:
+    """``values`` packed into JSON array messages of the given sizes in turn (size 1: the
+    event alone); payloads that are not JSON stay messages of their own."""
+    messages: list[bytes] = []
+    pending: list[bytes] = []
+    turn = itertools.cycle(sizes or [1])
+    size = next(turn)
+    for value in values:
+        if not value.startswith(b"{"):
+            messages.append(value)
+            continue
+        pending.append(value)
+        if len(pending) == size:
+            messages.append(pending[0] if size == 1 else b"[" + b",".join(pending) + b"]")
+            pending, size = [], next(turn)
+    if pending:
+        messages.append(b"[" + b",".join(pending) + b"]")
+    return messages
 
 
 def run_stages(micro_batches: list[list[bytes]]) -> tuple[pd.DataFrame, dict[int, ShardState]]:
@@ -71,12 +86,12 @@ def run_stages(micro_batches: list[list[bytes]]) -> tuple[pd.DataFrame, dict[int
     latest: dict[tuple[str, str], dict[Hashable, object]] = {}
     rejects = []
     for values in micro_batches:
-        staged = pa.Table.from_batches(list(usage_batches(iter([kafka_batch(values)]), SETTINGS)))
-        rows = staged.to_pandas()
-        for shard, group in rows.groupby("shard"):
-            update = update_shard(states.get(int(shard)), group, SETTINGS, int(shard), NOW)
+        rows = staged(values, SETTINGS)
+        for _, group in rows.groupby("shard"):
+            shard = int(group["shard"].iloc[0])
+            update = update_shard(states.get(shard), group, SETTINGS, shard, NOW)
             if update.state is not None:  # the dead-letter group keeps none
-                states[int(shard)] = update.state
+                states[shard] = update.state
             for record in update.rows.to_dict(orient="records"):
                 if record["row_type"] == TIMERS:
                     continue
@@ -90,13 +105,19 @@ def run_stages(micro_batches: list[list[bytes]]) -> tuple[pd.DataFrame, dict[int
 
 
 @settings(max_examples=15, deadline=None)
-@given(seed=st.integers(0, 10**6), cuts=st.lists(st.integers(1, 299), max_size=4))
+@given(
+    seed=st.integers(0, 10**6),
+    cuts=st.lists(st.integers(1, 299), max_size=4),
+    message_sizes=st.lists(st.integers(1, 40), max_size=4),
+)
 def test_streaming_stages_reach_the_same_final_decisions_as_replay(
-    seed: int, cuts: list[int]
+    seed: int, cuts: list[int], message_sizes: list[int]
 ) -> None:
+    """Whatever the micro-batch splits, and whether events come one per message or batched."""
     values = payloads(seed, 300)
-    bounds = [0, *sorted(set(cuts)), len(values)]
-    micro_batches = [values[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+    messages = batched(values, message_sizes)
+    bounds = [0, *sorted({cut % len(messages) for cut in cuts}), len(messages)]
+    micro_batches = [messages[a:b] for a, b in itertools.pairwise(bounds) if b > a]
     streamed, _ = run_stages(micro_batches)
     expected = final_decisions(values, CONFIG)
     key = ["quota", "entity"]
@@ -120,8 +141,7 @@ def test_idle_entities_leave_the_state_and_late_events_for_them_are_rejected() -
     )
 
     def step(values: list[bytes], state: ShardState | None) -> tuple[ShardState, pd.DataFrame]:
-        rows = pa.Table.from_batches(list(usage_batches(iter([kafka_batch(values)]), stage)))
-        update = update_shard(state, rows.to_pandas(), stage, 0, stage.now_ms())
+        update = update_shard(state, staged(values, stage), stage, 0, stage.now_ms())
         assert update.state is not None
         return update.state, update.rows
 
@@ -147,9 +167,7 @@ def test_idle_entities_leave_the_state_and_late_events_for_them_are_rejected() -
 def one_shard_step(
     stage: StageSettings, values: list[bytes], state: ShardState | None, version: int = 0
 ) -> tuple[ShardState, pd.DataFrame]:
-    batch = kafka_batch(values, config_version=version)
-    rows = pa.Table.from_batches(list(usage_batches(iter([batch]), stage))).to_pandas()
-    update = update_shard(state, rows, stage, 0, stage.now_ms())
+    update = update_shard(state, staged(values, stage, version), stage, 0, stage.now_ms())
     assert update.state is not None
     return update.state, update.rows
 

@@ -28,6 +28,7 @@ from state.live_config import Change, SetClientQuota, SetEnforcement
 from streaming.config_log import ConfigLog
 from streaming.job import start_query
 from streaming.metrics import REDIS_WRITE_FAILURES, EngineMetrics
+from streaming.offsets import records_read
 from streaming.services import LocalService, start_redis
 from streaming.settings import EngineSettings
 from streaming.source_status import read_status
@@ -117,7 +118,15 @@ def test_events_in_kafka_become_decisions_in_redis(
             ("c", 400, "copy_finished", 1),
         ]
     ]
-    publish(kafka, topic, values[:300] + bad + segments + values[300:])
+    # The second half comes batched (docs/events.md): arrays of 50 events, and one array with two
+    # bad elements among good ones.
+    bad_elements = [b'{"kind": "produce", "bytes": 5}', b"42"]
+    mixed_array = b"[" + b",".join([values[300], bad_elements[0], values[301], bad_elements[1]])
+    batched = [mixed_array + b"]"] + [
+        b"[" + b",".join(values[i : i + 50]) + b"]" for i in range(302, len(values), 50)
+    ]
+    messages = values[:300] + bad + segments + batched
+    publish(kafka, topic, messages)
     settings = engine_settings(kafka, redis_server, tmp_path, topic)
 
     query = start_query(spark, settings, CONFIG, available_now=True)
@@ -169,10 +178,23 @@ def test_events_in_kafka_become_decisions_in_redis(
     assert sorted(r["reason"] for r in rejected) == [
         "invalid_json",
         "missing_field",
+        "missing_field",
+        "not_an_object",
         "unknown_kind",
     ]
-    assert {r["payload"] for r in rejected} == {b.decode() for b in bad}
+    assert {r["payload"] for r in rejected} == {b.decode() for b in bad + bad_elements}
     assert all(r["source"]["topic"] == topic for r in rejected)
+    # Each reject is found by its coordinates: publish() puts message i on partition i % 3.
+    position = messages.index(batched[0])
+    where = {r["payload"]: r["source"] for r in rejected}
+    for index, element in ((1, bad_elements[0]), (3, bad_elements[1])):
+        assert where[element.decode()] == {
+            "topic": topic,
+            "partition": position % 3,
+            "offset": position // 3,
+            "index": index,
+        }
+    assert all(where[b.decode()]["index"] is None for b in bad)
 
 
 @pytest.mark.parametrize("kafka_down", [False, True], ids=["", "while-kafka-hangs"])
@@ -250,7 +272,11 @@ def test_a_silent_throttled_client_is_released_on_time(
     before = [p for p in query.recentProgress if batch_start_ms(p) < decision.until]
     longest_gap = max(trigger, before[-1]["durationMs"]["triggerExecution"])
     assert -tick < lateness <= longest_gap + tick
-    assert sum(p["numInputRows"] for p in query.recentProgress) == 2  # no event after the burst
+    read = sum(
+        records_read(p["sources"][0]["startOffset"], p["sources"][0]["endOffset"], [topic])
+        for p in query.recentProgress
+    )
+    assert read == 2  # no event after the burst
     counts = agent.timer_counts()
     assert (counts.pending, counts.fired, counts.cancelled) == (0, 1, 0)
     print(f"release {lateness} ms after until; notice heard {heard_at - decision.until} ms after")
