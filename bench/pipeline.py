@@ -1,15 +1,21 @@
-"""The whole pipeline on local Spark: Kafka -> engine -> Redis, with real servers.
+"""The whole pipeline on local Spark: Kafka -> engine -> Redis, with real servers (tansu, Redis).
 
-Two measurements, written as one JSON line to bench/results/pipeline.jsonl:
+Prints one JSON object and appends it to bench/results/pipeline.jsonl:
 
-* **throughput**: a topic pre-loaded with N events is drained with Trigger.AvailableNow;
-  events/s = input rows / the sum of micro-batch durations (Spark's own progress), plus each
-  batch's time breakdown, so a missed target says where the time goes;
-* **latency**: events published at a fixed rate carry their send time as ``ts``; Redis is polled
-  and each new decision's ``decided_at`` (its newest event's send time) against the time it was
-  seen gives event->Redis latency (p50, p99).
+* ``ceiling``: a bare kafka-python poll loop (one consumer, one core) over the single-event
+  topic, measured in the same run: the rate the engine's reads are compared with;
+* ``fixed_cost``: micro-batches of 4 events on a warm query (what every batch pays);
+* ``single`` / ``batched``: a pre-loaded topic drained with Trigger.AvailableNow, in batches of
+  ``maxOffsetsPerTrigger``; events/s = events / the sum of Spark's batch durations, with the
+  batches' time breakdown (Spark's phases) so that a missed target says where the time goes;
+* ``scale``: batches of 100k events over 10k .. 1M distinct active clients: batch time p50 and
+  state bytes as the state grows;
+* ``latency``: single-event messages published at a fixed rate carry their send time as ``ts``;
+  Redis is polled and each new decision's ``decided_at`` (its newest event's send time) against
+  the time it was seen gives event->Redis latency;
+* ``stage_costs_one_process``: each piece of the path in one process without Spark.
 
-    python bench/pipeline.py [--events 300000] [--rate 10000] [--seconds 60]
+    python bench/pipeline.py [--quick] [--rate 10000] [--seconds 60]
 """
 
 from __future__ import annotations
@@ -23,15 +29,17 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 import redis
-from kafka import KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
-from pyspark.sql.streaming.datasource import ReadAllAvailable
+from pyspark.sql.streaming.datasource import ReadMaxRows
 from results import record  # bench/ is on sys.path when a script in it runs
 
 from quotastream.client import decision_keys
@@ -43,7 +51,7 @@ from streaming.offsets import SourceOptions
 from streaming.services import LocalService, start_kafka, start_redis
 from streaming.settings import EngineSettings
 from streaming.sinks import SinkSettings, write_batches
-from streaming.stages import DECISION_SCHEMA, StageSettings, update_shard, usage_batches
+from streaming.stages import DECISION_SCHEMA, StageSettings, staged_batches, update_shard
 
 CONFIG = parse_quota_config(
     {
@@ -53,45 +61,74 @@ CONFIG = parse_quota_config(
     "bench config",
 )
 PARTITIONS = 4
+SHARDS = 8
 
 
-def event(rng: random.Random, ts: int, clients: int) -> bytes:
-    client = min(int(rng.paretovariate(1.2)), clients) - 1
-    if rng.random() < 0.9:
-        body: dict[str, Any] = {
-            "kind": "produce",
-            "user": f"user-{client % 500}",
-            "client_id": f"client-{client}",
-            "broker": rng.randrange(6),
-            "bytes": rng.randrange(64_000),
-            "ts": ts,
-        }
-    else:
-        body = {
-            "kind": "remote_copy",
-            "broker": rng.randrange(6),
-            "topic": "t",
-            "partition": rng.randrange(32),
-            "bytes": rng.randrange(8_000_000),
-            "ts": ts,
-        }
-    return json.dumps(body).encode()
+class Traffic:
+    """Events as agents send them: 90% produce over Pareto-popular clients, 10% segment uploads."""
+
+    def __init__(self, seed: int, clients: int, popular: bool = True) -> None:
+        self.rng = random.Random(seed)
+        self.clients = clients
+        self.popular = popular
+
+    def event(self, ts: int) -> bytes:
+        rng = self.rng
+        if self.popular:
+            client = min(int(rng.paretovariate(1.2)), self.clients) - 1
+        else:
+            client = rng.randrange(self.clients)
+        if rng.random() < 0.9:
+            return (
+                f'{{"kind":"produce","user":"user-{client}","client_id":"client-{client}",'
+                f'"broker":{rng.randrange(6)},"bytes":{rng.randrange(64_000)},"ts":{ts}}}'
+            ).encode()
+        return (
+            f'{{"kind":"remote_copy","broker":{rng.randrange(6)},"topic":"t",'
+            f'"partition":{rng.randrange(32)},"bytes":{rng.randrange(8_000_000)},"ts":{ts}}}'
+        ).encode()
+
+    def messages(self, events: int, per_message: int, now_ms: int) -> Iterator[bytes]:
+        """``events`` events, ``per_message`` to a message (1: one JSON object each)."""
+        for first in range(0, events, per_message):
+            count = min(per_message, events - first)
+            batch = [self.event(now_ms + (first + i) // 100) for i in range(count)]
+            yield batch[0] if per_message == 1 else b"[" + b",".join(batch) + b"]"
 
 
-def producer(kafka: LocalService) -> KafkaProducer:
-    return KafkaProducer(bootstrap_servers=kafka.address, linger_ms=20, batch_size=262_144, acks=1)
+def create_topic(kafka: LocalService, topic: str) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=kafka.address)
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
+    admin.close()
+
+
+def publish(kafka: LocalService, topic: str, messages: Iterator[bytes]) -> int:
+    out = KafkaProducer(
+        bootstrap_servers=kafka.address,
+        linger_ms=20,
+        batch_size=1_048_576,
+        max_request_size=8_388_608,
+        acks=1,
+    )
+    count = 0
+    for count, message in enumerate(messages, 1):
+        out.send(topic, message, partition=count % PARTITIONS)
+    out.flush()
+    out.close()
+    return count
 
 
 def settings(
     kafka: LocalService,
     redis_server: LocalService,
     topic: str,
-    trigger_ms: int,
+    trigger_ms: int | None = None,
     max_offsets: int | None = None,
 ) -> EngineSettings:
-    base = EngineSettings.model_validate(
-        {"redis": {"key_prefix": topic}, "spark": {"shards": 8, "trigger_ms": trigger_ms}}
-    )
+    spark: dict[str, Any] = {"shards": SHARDS}
+    if trigger_ms is not None:
+        spark["trigger_ms"] = trigger_ms
+    base = EngineSettings.model_validate({"redis": {"key_prefix": topic}, "spark": spark})
     return base.pointed_at(
         kafka.address,
         redis_server.host,
@@ -103,96 +140,181 @@ def settings(
     )
 
 
-def preload(kafka: LocalService, topic: str, count: int, clients: int, seed: int) -> float:
-    """Publishes ``count`` events to a new topic; returns the seconds it took."""
-    create_topic(kafka, topic)
-    rng = random.Random(seed)
-    started = time.perf_counter()
-    out = producer(kafka)
-    now = int(time.time() * 1000)
-    for i in range(count):
-        out.send(topic, event(rng, now + i // 100, clients), partition=i % PARTITIONS)
-    out.flush()
-    out.close()
-    return time.perf_counter() - started
+def bare_consume(kafka: LocalService, topic: str) -> float:
+    """Messages/s of one kafka-python consumer draining ``topic``: the client's own ceiling."""
+    consumer = KafkaConsumer(bootstrap_servers=kafka.address, enable_auto_commit=False)
+    partitions = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    consumer.assign(partitions)
+    consumer.seek_to_beginning(*partitions)
+    end = sum(consumer.end_offsets(partitions).values())
+    began = time.perf_counter()
+    seen = 0
+    while seen < end:
+        for records in consumer.poll(timeout_ms=500, max_records=100_000).values():
+            seen += len(records)
+    elapsed = time.perf_counter() - began
+    consumer.close()
+    return seen / elapsed
 
 
-def create_topic(kafka: LocalService, topic: str) -> None:
-    admin = KafkaAdminClient(bootstrap_servers=kafka.address)
-    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
-    admin.close()
+def drain(spark: Any, settings: EngineSettings) -> list[dict[str, Any]]:
+    """Runs an available-now query over the whole topic; its batches' progress."""
+    query = start_query(spark, settings, CONFIG, available_now=True)
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise RuntimeError(f"the query failed: {query.exception()}")
+    return [p for p in query.recentProgress if p["numInputRows"] > 0]
 
 
 def throughput(
-    spark: Any, kafka: LocalService, redis_server: LocalService, count: int, clients: int
+    spark: Any,
+    kafka: LocalService,
+    redis_server: LocalService,
+    topic: str,
+    *,
+    events: int,
+    per_message: int,
+    events_per_batch: int,
 ) -> dict[str, Any]:
-    topic = "throughput"
-    load_s = preload(kafka, topic, count, clients, seed=1)
-    query = start_query(
+    progress = drain(
         spark,
-        settings(kafka, redis_server, topic, 0, max_offsets=50_000),
-        CONFIG,
-        available_now=True,
+        settings(kafka, redis_server, topic, max_offsets=events_per_batch // per_message),
     )
-    query.awaitTermination()
-    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
-    rows = sum(p["numInputRows"] for p in progress)
+    messages = sum(p["numInputRows"] for p in progress)
     batch_ms = sum(p["durationMs"]["triggerExecution"] for p in progress)
     breakdown: dict[str, int] = {}
     for p in progress:
         for phase, ms in p["durationMs"].items():
             breakdown[phase] = breakdown.get(phase, 0) + ms
-    warm = progress[1:]
-    warm_rows = sum(p["numInputRows"] for p in warm)
-    warm_ms = sum(p["durationMs"]["triggerExecution"] for p in warm)
     return {
-        "events": rows,
+        "events": events,
+        "events_per_message": per_message,
+        "messages": messages,
         "batches": len(progress),
-        "events_per_s": round(rows / (batch_ms / 1000)),
-        "events_per_s_after_first_batch": round(warm_rows / (warm_ms / 1000)) if warm else None,
+        "events_per_s": round(events / (batch_ms / 1000)),
+        "batch_ms": [p["durationMs"]["triggerExecution"] for p in progress],
         "batch_ms_breakdown": breakdown,
-        "producer_events_per_s": round(count / load_s),
     }
 
 
+def scale(
+    spark: Any, kafka: LocalService, redis_server: LocalService, clients: int, per_message: int
+) -> dict[str, Any]:
+    """Every client active once (the state holds them all), then batches of 100k events over
+    random clients: how a batch's cost and the state grow with the clients held."""
+    topic = f"scale-{clients}"
+    create_topic(kafka, topic)
+    now = int(time.time() * 1000)
+    everyone = (
+        b"["
+        + b",".join(
+            f'{{"kind":"produce","user":"u{c}","client_id":"c","broker":1,"bytes":100,"ts":{now}}}'.encode()
+            for c in range(first, min(first + per_message, clients))
+        )
+        + b"]"
+        for first in range(0, clients, per_message)
+    )
+    publish(kafka, topic, everyone)
+    batch_events, batches = 100_000, 5
+    traffic = Traffic(seed=clients, clients=clients, popular=False)
+    work = (
+        b"["
+        + b",".join(
+            f'{{"kind":"produce","user":"u{traffic.rng.randrange(clients)}","client_id":"c",'
+            f'"broker":1,"bytes":100,"ts":{now + 1000}}}'.encode()
+            for _ in range(per_message)
+        )
+        + b"]"
+        for _ in range(batch_events * batches // per_message)
+    )
+    publish(kafka, topic, work)
+    query = start_query(
+        spark,
+        settings(kafka, redis_server, topic, max_offsets=batch_events // per_message),
+        CONFIG,
+        available_now=True,
+    )
+    query.awaitTermination()
+    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    last = progress[-batches:]
+    state = progress[-1]["stateOperators"][0]
+    return {
+        "active_clients": clients,
+        "batch_ms_p50": statistics.median(p["durationMs"]["triggerExecution"] for p in last),
+        "state_bytes": state["memoryUsedBytes"],
+        "state_bytes_per_client": round(state["memoryUsedBytes"] / clients, 1),
+        "state_rows": state["numRowsTotal"],
+    }
+
+
+def running_query(spark: Any, kafka: LocalService, redis_server: LocalService, topic: str) -> Any:
+    create_topic(kafka, topic)
+    return start_query(spark, settings(kafka, redis_server, topic), CONFIG)
+
+
+def fixed_cost(spark: Any, kafka: LocalService, redis_server: LocalService) -> dict[str, Any]:
+    """Micro-batches of 4 events each on a running (warm) query."""
+    topic = "tiny"
+    query = running_query(spark, kafka, redis_server, topic)
+    traffic = Traffic(seed=5, clients=100)
+    durations: list[int] = []
+    try:
+        for round_ in range(8):
+            now = int(time.time() * 1000)
+            publish(kafka, topic, traffic.messages(4, 1, now))
+            batch = wait_for(partial(_batches_after, query, round_), timeout_s=60)
+            durations.append(batch[0]["durationMs"]["triggerExecution"])
+    finally:
+        query.stop()
+    warm = durations[2:]  # the first batches start Python workers
+    return {"tiny_batch_ms": statistics.median(warm), "tiny_batch_ms_all": durations}
+
+
+def _batches_with_data(query: Any) -> list[dict[str, Any]]:
+    return [p for p in query.recentProgress if p["numInputRows"] > 0]
+
+
+def _batches_after(query: Any, count: int) -> list[dict[str, Any]]:
+    return _batches_with_data(query)[count:]
+
+
+def wait_for(found: Callable[[], list[Any]], timeout_s: float) -> list[Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = found()
+        if result:
+            return result
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing after {timeout_s} s")
+
+
 def latency(
-    spark: Any,
-    kafka: LocalService,
-    redis_server: LocalService,
-    *,
-    rate: int,
-    seconds: int,
-    clients: int,
+    spark: Any, kafka: LocalService, redis_server: LocalService, *, rate: int, seconds: int
 ) -> dict[str, Any]:
     topic = "latency"
-    create_topic(kafka, topic)
-    query = start_query(spark, settings(kafka, redis_server, topic, 200), CONFIG)
+    query = running_query(spark, kafka, redis_server, topic)
     stop = threading.Event()
     sent = [0]
 
-    def publish() -> None:
-        rng = random.Random(2)
-        out = producer(kafka)
+    def publish_at_rate() -> None:
+        traffic = Traffic(seed=2, clients=10_000)
+        out = KafkaProducer(bootstrap_servers=kafka.address, linger_ms=5, acks=1)
         begin = time.time()
         while not stop.is_set() and time.time() - begin < seconds:
             due = int((time.time() - begin) * rate)
             while sent[0] < due:
-                out.send(
-                    topic,
-                    event(rng, int(time.time() * 1000), clients),
-                    partition=sent[0] % PARTITIONS,
-                )
+                out.send(topic, traffic.event(int(time.time() * 1000)), partition=sent[0] % 4)
                 sent[0] += 1
             time.sleep(0.005)
         out.flush()
         out.close()
 
-    thread = threading.Thread(target=publish, daemon=True)
+    thread = threading.Thread(target=publish_at_rate, daemon=True)
     thread.start()
     client = redis.Redis(host=redis_server.host, port=redis_server.port)
     seen: dict[bytes, int] = {}
     samples: list[int] = []
-    warmup_until = time.time() + 20  # Spark's first batches start Python workers
+    warmup_until = time.time() + min(10, seconds / 3)  # the first batches start Python workers
     while thread.is_alive():
         keys = decision_keys(client, topic)
         values = client.mget(keys) if keys else []
@@ -208,6 +330,7 @@ def latency(
                     samples.append(observed - decided_at)
         time.sleep(0.05)
     stop.set()
+    progress = _batches_with_data(query)
     query.stop()
     samples.sort()
     return {
@@ -217,16 +340,13 @@ def latency(
         "p50_ms": samples[len(samples) // 2] if samples else None,
         "p99_ms": samples[int(len(samples) * 0.99)] if samples else None,
         "mean_ms": round(statistics.fmean(samples)) if samples else None,
+        "batch_ms_p50": statistics.median(p["durationMs"]["triggerExecution"] for p in progress),
     }
 
 
-def stage_costs(
-    kafka: LocalService, redis_server: LocalService, count: int, clients: int
-) -> dict[str, int]:
-    """Events/s of each piece of the pipeline run in one process, without Spark: where the
-    per-event time goes (Spark adds scheduling, Arrow transfers and state commits on top)."""
-    topic = "stage-costs"
-    preload(kafka, topic, count, clients, seed=3)
+def stage_costs(kafka: LocalService, redis_server: LocalService, topic: str) -> dict[str, int]:
+    """Events/s of each piece of the path in one process, without Spark: where the time goes
+    (Spark adds scheduling, Arrow transfers and state commits on top)."""
     source = KafkaStreamReader(
         SourceOptions.parse(
             {
@@ -237,14 +357,17 @@ def stage_costs(
         )
     )
     start = source.initialOffset()
-    end = source.latestOffset(start, ReadAllAvailable())
+    end = source.latestOffset(start, ReadMaxRows(100_000))
     timings: dict[str, float] = {}
     began = time.perf_counter()
-    batches = [batch for part in source.partitions(start, end) for batch in source.read(part)]
+    chunks = [
+        chunk for part in source.partitions(start, end) for chunk in source.records(part.value)
+    ]
     timings["kafka_read"] = time.perf_counter() - began
-    stage = StageSettings(CONFIG, EventBounds(), 65_536, shards=8)
+    stage = StageSettings(CONFIG, EventBounds(), 65_536, shards=SHARDS)
     began = time.perf_counter()
-    staged = pa.Table.from_batches(list(usage_batches(iter(batches), stage))).to_pandas()
+    batches = [batch for chunk in chunks for batch in staged_batches(chunk, stage)]
+    staged = pa.Table.from_batches(batches).to_pandas()
     timings["stage1_validate_resolve_sum"] = time.perf_counter() - began
     began = time.perf_counter()
     now = stage.now_ms()
@@ -260,36 +383,66 @@ def stage_costs(
     list(write_batches(iter([decisions]), SinkSettings.local(redis_server.host, redis_server.port)))
     timings["redis_sink"] = time.perf_counter() - began
     source.stop()
-    events = sum(batch.num_rows for batch in batches)
-    return {f"{name}_events_per_s": round(events / seconds) for name, seconds in timings.items()}
+    messages = sum(len(chunk.offsets) for chunk in chunks)
+    return {f"{name}_msgs_per_s": round(messages / seconds) for name, seconds in timings.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=300_000)
-    parser.add_argument("--clients", type=int, default=10_000)
-    parser.add_argument("--rate", type=int, default=10_000)
-    parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument("--quick", action="store_true", help="a run under 3 minutes")
+    parser.add_argument("--rate", type=int, default=10_000, help="latency: events/s offered")
+    parser.add_argument("--seconds", type=int, help="latency: how long (default 60, quick 20)")
+    parser.add_argument("--per-message", type=int, default=500, help="batched: events/message")
     args = parser.parse_args()
+    quick = args.quick
+    single_events = 400_000 if quick else 1_200_000
+    batched_events = 2_000_000 if quick else 6_000_000
+    seconds = args.seconds or (20 if quick else 60)
+    scales = [10_000, 100_000] if quick else [10_000, 100_000, 1_000_000]
+    now = int(time.time() * 1000)
     with start_kafka() as kafka, start_redis() as redis_server:
+        create_topic(kafka, "single")
+        publish(kafka, "single", Traffic(1, 10_000).messages(single_events, 1, now))
+        create_topic(kafka, "batched")
+        publish(
+            kafka, "batched", Traffic(2, 10_000).messages(batched_events, args.per_message, now)
+        )
+        result: dict[str, Any] = {
+            "when": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": f"{platform.machine()} {os.cpu_count()} cpu, local[2]",
+            "quick": quick,
+            "ceiling": {"kafka_python_consume_msgs_per_s": round(bare_consume(kafka, "single"))},
+            "stage_costs_one_process": stage_costs(kafka, redis_server, "single"),
+        }
         spark = local_spark(EngineSettings())
         try:
-            result = {
-                "when": datetime.now(UTC).isoformat(timespec="seconds"),
-                "machine": f"{platform.machine()} {os.cpu_count()} cpu, local[2]",
-                "stage_costs_one_process": stage_costs(kafka, redis_server, 100_000, args.clients),
-                "throughput": throughput(spark, kafka, redis_server, args.events, args.clients),
-                "latency": latency(
-                    spark,
-                    kafka,
-                    redis_server,
-                    rate=args.rate,
-                    seconds=args.seconds,
-                    clients=args.clients,
-                ),
-            }
+            result["fixed_cost"] = fixed_cost(spark, kafka, redis_server)
+            result["single"] = throughput(
+                spark,
+                kafka,
+                redis_server,
+                "single",
+                events=single_events,
+                per_message=1,
+                events_per_batch=400_000,
+            )
+            result["batched"] = throughput(
+                spark,
+                kafka,
+                redis_server,
+                "batched",
+                events=batched_events,
+                per_message=args.per_message,
+                events_per_batch=2_000_000,
+            )
+            result["scale"] = [
+                scale(spark, kafka, redis_server, clients, args.per_message) for clients in scales
+            ]
+            result["latency"] = latency(spark, kafka, redis_server, rate=args.rate, seconds=seconds)
         finally:
             spark.stop()
+    ceiling = result["ceiling"]["kafka_python_consume_msgs_per_s"]
+    result["single"]["ratio_to_ceiling"] = round(result["single"]["events_per_s"] / ceiling, 2)
     record("pipeline", result)
 
 
