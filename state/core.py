@@ -241,8 +241,14 @@ class QuotaCore:
         )
 
     def record(self, resolved: pd.DataFrame) -> pd.DataFrame:
-        """Record resolved events (input order) in the rolling windows and decide each one."""
+        """Record resolved events (input order) in the rolling windows and decide each one.
+
+        ``resolved`` is :meth:`resolve`'s frame, or usage sums (``state.shard.USAGE_COLUMNS``):
+        ``position``, ``kind``, ``throttled`` and ``in_sync`` are optional (row number, none,
+        false, false).
+        """
         size = len(resolved)
+        resolved = _with_defaults(resolved)
         quota_codes = resolved["quota"].astype(QUOTA_DTYPE).cat.codes.to_numpy()
         entity = resolved["entity"].astype("category").cat
         entity_codes = entity.codes.to_numpy()
@@ -420,6 +426,19 @@ class QuotaCore:
             return _Entities(keys, of_event.astype(np.int64), limit, level)
         of_event = np.zeros(len(brokers), dtype=np.int64)
         return _Entities(broker_keys(None, size=1), of_event, limit, level)
+
+
+def _with_defaults(resolved: pd.DataFrame) -> pd.DataFrame:
+    """``resolved`` with the optional columns of :meth:`QuotaCore.record` filled in."""
+    size = len(resolved)
+    defaults: dict[str, Any] = {
+        "position": lambda: np.arange(size, dtype=np.int64),
+        "kind": lambda: _from_codes(np.full(size, -1, dtype=np.int64), KIND_DTYPE.categories),
+        "throttled": lambda: np.zeros(size, dtype=np.bool_),
+        "in_sync": lambda: np.zeros(size, dtype=np.bool_),
+    }
+    missing = {name: make() for name, make in defaults.items() if name not in resolved}
+    return resolved.assign(**missing) if missing else resolved
 
 
 def _copy_partitions(

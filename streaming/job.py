@@ -29,6 +29,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from state.config import QuotaConfig
+from state.shard import ShardState
 from streaming.config_log import ConfigLog, ConfigSource
 from streaming.kafka_source import engine_source
 from streaming.metrics import EngineMetrics
@@ -37,7 +38,6 @@ from streaming.sinks import WRITE_COUNTS, WRITE_SUMMARY, SinkSettings, write_bat
 from streaming.stages import (
     DECISION_SCHEMA,
     STAGE_SCHEMA,
-    ShardState,
     StageSettings,
     update_shard,
 )

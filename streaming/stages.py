@@ -6,11 +6,10 @@
    Summing is exact: after a batch, windows and decisions depend only on the events, not on
    their order (``tests/test_rolling.py``). Rejected events pass through with their reason and
    their coordinates (topic, partition, offset, index in a batched message).
-2. :func:`update_shard` (``applyInPandasWithState``, one group per shard): records a shard's usage
-   in its :class:`~state.core.QuotaCore`, emits each touched entity's latest decision, and keeps
-   every pending throttle's release in the shard's timing wheel
-   (:class:`~state.throttle_timers.ThrottleTimers`), which also wakes the shard when no events
-   come. The shard state is two binary values: tables and timers.
+2. :func:`update_shard` (``applyInPandasWithState``, one group per shard): converts a shard's
+   rows for :class:`~state.shard.Shard` (which records the usage, emits each touched entity's
+   latest decision, keeps every pending throttle's release in a timing wheel that also wakes the
+   shard when no events come, and the partitions' remote log sizes) and its outcome back.
 
 Spark charges about a millisecond per state group and micro-batch, so a group is a shard of
 many entities, not one entity.
@@ -21,8 +20,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -32,10 +30,9 @@ import pyarrow as pa
 from state.config import QuotaConfig
 from state.core import QuotaCore
 from state.events import EventBounds, EventKind, parse_events
-from state.live_config import ConfigVersions, LiveConfig, Mode, decision_mode
+from state.live_config import ConfigVersions, LiveConfig, decision_mode
 from state.quota_types import QuotaType
-from state.remote_log import RemoteLogSizes
-from state.throttle_timers import ThrottleTimers
+from state.shard import USAGE_COLUMNS, Shard, ShardSettings, ShardState, timer_counts
 from state.timing_wheel import KAFKA_TICK_MS, KAFKA_WHEEL_SIZE
 
 USAGE = "usage"
@@ -71,15 +68,6 @@ STAGE_SCHEMA = pa.schema(
     ]
 )
 
-_KIND_OF_QUOTA = {
-    QuotaType.PRODUCE.value: "produce",
-    QuotaType.FETCH.value: "fetch",
-    QuotaType.REMOTE_COPY.value: "remote_copy",
-    QuotaType.REMOTE_FETCH.value: "remote_fetch",
-    QuotaType.LEADER_REPLICATION.value: "replication",
-    QuotaType.FOLLOWER_REPLICATION.value: "replication",
-}
-
 
 @dataclass(frozen=True)
 class StageSettings:
@@ -106,6 +94,10 @@ class StageSettings:
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
+
+    @property
+    def shard(self) -> ShardSettings:
+        return ShardSettings(self.config, self.timer_tick_ms, self.timer_wheel_size)
 
     def eviction_horizon(self, now_ms: int) -> int | None:
         return None if self.max_past_ms is None else now_ms - self.max_past_ms
@@ -283,28 +275,6 @@ DECISION_SCHEMA = pa.schema(
     ]
 )
 TIMERS = "timers"
-_DECISION_FIELDS = [
-    "quota",
-    "entity",
-    "ts",
-    "rate",
-    "limit",
-    "throttle_ms",
-    "until",
-    "exceeded",
-    "window_ms",
-    "config_version",
-    "mode",
-]
-
-
-@dataclass(frozen=True)
-class ShardState:
-    """One shard's state value: rolling tables, pending throttle timers, remote log sizes."""
-
-    tables: bytes
-    timers: bytes
-    remote_log: bytes
 
 
 @dataclass(frozen=True)
@@ -322,61 +292,17 @@ def update_shard(
     shard: int,
     now_ms: int,
 ) -> ShardUpdate:
-    """Stage 2 for one shard at the micro-batch time ``now_ms``.
-
-    Fires the throttle timers due by ``now_ms``, records the shard's usage, registers the new
-    decisions' timers, and drops entities whose windows are empty at the eviction horizon. Spark
-    keeps ``now_ms`` with the batch, so a replayed batch repeats the same releases.
-    Rejects pass through; the dead-letter group (shard -1) only passes them through.
-    """
+    """Stage 2 for one shard at the micro-batch time ``now_ms``: STAGE_SCHEMA rows to the
+    shard's step (:meth:`state.shard.Shard.step`), and its outcome as DECISION_SCHEMA rows.
+    Rejects pass through; the dead-letter group (shard -1) only passes them through."""
     rejects = rows[rows["row_type"] == REJECT]
     if shard < 0:
         return ShardUpdate(None, rejects.reindex(columns=DECISION_SCHEMA.names), None)
-    if state is None:
-        core = QuotaCore(settings.config)
-        timers = ThrottleTimers.empty(settings.timer_tick_ms, settings.timer_wheel_size, now_ms)
-        remote_log = RemoteLogSizes().encode()
-    else:
-        core = QuotaCore.restore(settings.config, state.tables)
-        timers = ThrottleTimers.decode(state.timers)
-        remote_log = state.remote_log
-    horizon = settings.eviction_horizon(now_ms)
+    usage = rows[rows["row_type"] == USAGE]
     segments = rows[rows["row_type"] == SEGMENT]
-    remote_log_rows = pd.DataFrame()
-    if len(segments):
-        # Decoded only when a batch brings segment events: most batches bring none.
-        sizes = RemoteLogSizes.decode(remote_log)
-        remote_log_rows = _remote_log_rows(sizes, segments)
-        if horizon is not None:
-            sizes.evict_tombstones(horizon)
-        remote_log = sizes.encode()
-    decisions = _record(core, rows[rows["row_type"] == USAGE])
-    decisions["enforced"] = decisions["mode"] == Mode.ENFORCED.value
-    changed = timers.step(now_ms, decisions.set_index(_timer_keys(decisions)))
-    stats = {f"timers_{name}": [count] for name, count in asdict(timers.stats()).items()}
-    counts = pd.DataFrame({"row_type": [TIMERS], "shard": [shard], **stats})
-    parts = [
-        changed.reset_index(drop=True).assign(row_type=USAGE),
-        counts,
-        remote_log_rows,
-        rejects,
-    ]
-    out = pd.concat([part for part in parts if len(part)], ignore_index=True)
-    for field in DECISION_SCHEMA.names:
-        if field not in out:
-            out[field] = None
-    if horizon is not None:
-        core.evict_idle(horizon)
-    return ShardUpdate(
-        ShardState(core.encode_state(), timers.encode(), remote_log),
-        out[DECISION_SCHEMA.names],
-        timers.next_expiration(),
-    )
-
-
-def _remote_log_rows(sizes: RemoteLogSizes, segments: pd.DataFrame) -> pd.DataFrame:
-    """Applies segment events; one row per partition whose sizes changed, with all of them."""
-    changed = sizes.apply(
+    step = Shard.restore(state, settings.shard, now_ms).step(
+        now_ms,
+        usage[list(USAGE_COLUMNS)],
         pd.DataFrame(
             {
                 "ts": segments["ts"].to_numpy(dtype=np.int64),
@@ -387,91 +313,30 @@ def _remote_log_rows(sizes: RemoteLogSizes, segments: pd.DataFrame) -> pd.DataFr
                 "bytes": segments["counted_bytes"].to_numpy(dtype=np.int64),
                 "state": segments["segment_state"].to_numpy(dtype=object),
             }
-        )
+        ),
+        settings.eviction_horizon(now_ms),
     )
+    counts = pd.DataFrame(
+        {"row_type": [TIMERS], "shard": [shard]}
+        | {name: [count] for name, count in timer_counts(step.timers).items()}
+    )
+    remote_logs = step.remote_logs
     # None: the partition's last segment is gone, and so is its key.
-    documents = [
-        json.dumps(remote_log_document(sizes, topic, int(partition)), separators=(",", ":"))
-        if live
-        else None
-        for topic, partition, live in zip(
-            changed["topic"], changed["partition"], changed["live_segments"], strict=True
-        )
-    ]
-    return pd.DataFrame(
-        {
-            "row_type": REMOTE_LOG,
-            "topic": changed["topic"].to_numpy(dtype=object),
-            "partition": changed["partition"].to_numpy(dtype=np.int64),
-            "remote_log": documents,
-        }
-    )
-
-
-def remote_log_document(sizes: RemoteLogSizes, topic: str, partition: int) -> dict[str, Any]:
-    """What readers of a partition's remote log key get (``docs/redis.md``)."""
-    live = sizes.live_segments(topic, partition)
-    return {
-        "topic": topic,
-        "partition": partition,
-        "total": sizes.partition_total(topic, partition),
-        "epochs": {str(epoch): size for epoch, size in sizes.epoch_sizes(topic, partition).items()},
-        # Oldest first: what size-based retention deletes first.
-        "segments": [
-            [str(segment), int(epoch), int(size)]
-            for segment, epoch, size in zip(
-                live["segment_id"], live["leader_epoch"], live["bytes"], strict=True
-            )
+    documents = np.array(
+        [
+            None if document is None else json.dumps(document, separators=(",", ":"))
+            for document in remote_logs["document"]
         ],
-    }
-
-
-def _record(core: QuotaCore, usage: pd.DataFrame) -> pd.DataFrame:
-    """Each touched entity's latest decision after recording ``usage``."""
-    if not len(usage):
-        empty = {
-            "quota": object,
-            "entity": object,
-            "rate": float,
-            "limit": float,
-            "exceeded": bool,
-            "mode": object,
-        }
-        return pd.DataFrame(
-            {name: pd.Series(dtype=empty.get(name, np.int64)) for name in _DECISION_FIELDS}
-        )
-    usage = usage.sort_values("ts", kind="stable")
-    resolved = pd.DataFrame(
-        {
-            "position": np.arange(len(usage)),
-            "ts": usage["ts"].to_numpy(dtype=np.int64),
-            "kind": usage["quota"].map(_KIND_OF_QUOTA).to_numpy(),
-            "quota": usage["quota"].to_numpy(),
-            "entity": usage["entity"].to_numpy(),
-            "limit": usage["limit"].to_numpy(dtype=np.float64),
-            "level": usage["level"].to_numpy(),
-            "counted_bytes": usage["counted_bytes"].to_numpy(dtype=np.int64),
-            "throttled": np.zeros(len(usage), dtype=np.bool_),
-            "in_sync": np.zeros(len(usage), dtype=np.bool_),
-            "partition_key": usage["partition_key"].to_numpy(dtype=object),
-        }
+        dtype=object,
     )
-    decided = core.record(resolved).assign(
-        config_version=usage["config_version"].to_numpy(dtype=np.int64),
-        mode=usage["mode"].to_numpy(dtype=object),
-    )
-    decided = decided.assign(
-        quota=decided["quota"].astype(str), entity=decided["entity"].astype(str)
-    )
-    # A remote_copy decision is also published per partition: its fair wait (docs/semantics.md).
-    copies = decided[decided["partition_key"].notna()]
-    per_partition = copies.assign(
-        entity=copies["partition_key"].astype(str), throttle_ms=copies["partition_wait_ms"]
-    )
-    latest = pd.concat([decided, per_partition]).drop_duplicates(["quota", "entity"], keep="last")
-    latest = latest.assign(until=latest["ts"] + latest["throttle_ms"])
-    return latest[_DECISION_FIELDS].reset_index(drop=True)
-
-
-def _timer_keys(decisions: pd.DataFrame) -> pd.Index:
-    return pd.Index((decisions["quota"] + ":" + decisions["entity"]).to_numpy(dtype=object))
+    parts = [
+        step.decisions.assign(row_type=USAGE),
+        counts,
+        remote_logs.drop(columns="document").assign(row_type=REMOTE_LOG, remote_log=documents),
+        rejects,
+    ]
+    out = pd.concat([part for part in parts if len(part)], ignore_index=True)
+    for field in DECISION_SCHEMA.names:
+        if field not in out:
+            out[field] = None
+    return ShardUpdate(step.state, out[DECISION_SCHEMA.names], step.wake_at_ms)

@@ -22,13 +22,13 @@ from state.live_config import (
     encode_change,
 )
 from state.quota_types import QuotaType
+from state.shard import ShardState
 from streaming.stages import (
     REJECT,
     REMOTE_LOG,
     TIMERS,
     USAGE,
     KafkaRecords,
-    ShardState,
     StageSettings,
     staged_batches,
     update_shard,

@@ -1,0 +1,227 @@
+"""One shard of entities: the state one Spark state group keeps, and what a batch does to it.
+
+Spark charges about a millisecond per state group and micro-batch, so a group is a *shard* of
+many entities. A shard holds three columnar parts, each encoded as one blob
+(:class:`ShardState`): the rolling windows of every quota type (:class:`~state.core.QuotaCore`),
+the pending throttle releases in a timing wheel (:class:`~state.throttle_timers.ThrottleTimers`)
+and the remote log sizes of its partitions (:class:`~state.remote_log.RemoteLogSizes`).
+
+:meth:`Shard.step` is one micro-batch at the batch time ``now_ms``: it fires the timers due,
+records the usage sums in the windows, registers the new decisions' timers, applies segment
+events, and forgets entities idle past the eviction horizon. The batch time is the checkpoint's,
+so a replayed batch repeats the same releases. Nothing here knows Spark: the streaming job only
+converts Arrow rows to the frames below and back.
+
+Usage rows (:data:`USAGE_COLUMNS`) are events already summed per (quota, entity, partition key,
+sample); summing is exact (``tests/test_rolling.py``), so a shard's decisions are those of the
+events one by one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from state.config import QuotaConfig
+from state.core import QuotaCore
+from state.live_config import Mode
+from state.remote_log import RemoteLogSizes
+from state.throttle_timers import ThrottleTimers, TimerStats
+from state.timing_wheel import KAFKA_TICK_MS, KAFKA_WHEEL_SIZE
+
+#: What :meth:`Shard.step` takes as usage: sums per (quota, entity, partition_key, sample).
+USAGE_COLUMNS = (
+    "quota",
+    "entity",
+    "partition_key",  # remote_copy: the uploading partition; None for other quotas
+    "ts",  # the newest event time of the sum
+    "counted_bytes",
+    "limit",  # inf where unlimited
+    "level",
+    "config_version",
+    "mode",  # state.live_config.Mode
+)
+#: What :meth:`Shard.step` takes as segment events (KIP-852), as ``RemoteLogSizes.apply``.
+SEGMENT_COLUMNS = ("ts", "topic", "partition", "leader_epoch", "segment_id", "bytes", "state")
+#: Each touched entity's latest decision.
+DECISION_FIELDS = (
+    "quota",
+    "entity",
+    "ts",
+    "rate",
+    "limit",
+    "throttle_ms",
+    "until",
+    "exceeded",
+    "window_ms",
+    "config_version",
+    "mode",
+)
+
+
+@dataclass(frozen=True)
+class ShardState:
+    """One shard's state value: rolling tables, pending throttle timers, remote log sizes."""
+
+    tables: bytes
+    timers: bytes
+    remote_log: bytes
+
+
+@dataclass(frozen=True)
+class ShardSettings:
+    config: QuotaConfig
+    timer_tick_ms: int = KAFKA_TICK_MS
+    timer_wheel_size: int = KAFKA_WHEEL_SIZE
+
+
+@dataclass(frozen=True)
+class ShardStep:
+    """What one micro-batch did to a shard."""
+
+    state: ShardState
+    #: Decisions to publish: the touched entities' latest, and the throttles that ended
+    #: (``released_at``, ``notice``), as :meth:`ThrottleTimers.step` reports them.
+    decisions: pd.DataFrame
+    timers: TimerStats
+    #: Per partition whose remote log sizes changed: topic, partition, and its document
+    #: (:func:`remote_log_document`), or None when its last segment is gone.
+    remote_logs: pd.DataFrame
+    #: When the earliest pending timer bucket is due (None: no timers).
+    wake_at_ms: int | None
+
+
+class Shard:
+    """A shard's state, restored for one step."""
+
+    def __init__(self, core: QuotaCore, timers: ThrottleTimers, remote_log: bytes) -> None:
+        self.core = core
+        self.timers = timers
+        #: Kept encoded: decoded only by a batch that brings segment events (most bring none).
+        self._remote_log = remote_log
+
+    @classmethod
+    def restore(cls, state: ShardState | None, settings: ShardSettings, now_ms: int) -> Shard:
+        """The shard ``state`` holds, or a new one (its timing wheel starting at ``now_ms``)."""
+        if state is None:
+            timers = ThrottleTimers.empty(settings.timer_tick_ms, settings.timer_wheel_size, now_ms)
+            return cls(QuotaCore(settings.config), timers, RemoteLogSizes().encode())
+        return cls(
+            QuotaCore.restore(settings.config, state.tables),
+            ThrottleTimers.decode(state.timers),
+            state.remote_log,
+        )
+
+    def step(
+        self,
+        now_ms: int,
+        usage: pd.DataFrame,
+        segments: pd.DataFrame | None = None,
+        eviction_horizon_ms: int | None = None,
+    ) -> ShardStep:
+        """One micro-batch at ``now_ms``: ``usage`` (:data:`USAGE_COLUMNS`), ``segments``
+        (:data:`SEGMENT_COLUMNS`); entities whose windows are empty at the horizon go."""
+        remote_logs = _NO_REMOTE_LOGS
+        if segments is not None and len(segments):
+            sizes = RemoteLogSizes.decode(self._remote_log)
+            remote_logs = _remote_logs(sizes, segments)
+            if eviction_horizon_ms is not None:
+                sizes.evict_tombstones(eviction_horizon_ms)
+            self._remote_log = sizes.encode()
+        decisions = self.record(usage)
+        decisions["enforced"] = decisions["mode"] == Mode.ENFORCED.value
+        keys = pd.Index((decisions["quota"] + ":" + decisions["entity"]).to_numpy(dtype=object))
+        changed = self.timers.step(now_ms, decisions.set_index(keys)).reset_index(drop=True)
+        if eviction_horizon_ms is not None:
+            self.core.evict_idle(eviction_horizon_ms)
+        return ShardStep(
+            state=ShardState(self.core.encode_state(), self.timers.encode(), self._remote_log),
+            decisions=changed,
+            timers=self.timers.stats(),
+            remote_logs=remote_logs,
+            wake_at_ms=self.timers.next_expiration(),
+        )
+
+    def record(self, usage: pd.DataFrame) -> pd.DataFrame:
+        """Each touched entity's latest decision (:data:`DECISION_FIELDS`) after ``usage``."""
+        if not len(usage):
+            return pd.DataFrame(
+                {
+                    name: pd.Series(dtype=_EMPTY_DTYPES.get(name, np.int64))
+                    for name in DECISION_FIELDS
+                }
+            )
+        usage = usage.sort_values("ts", kind="stable")
+        decided = self.core.record(usage.reset_index(drop=True))
+        decided = decided.assign(
+            quota=decided["quota"].astype(str),
+            entity=decided["entity"].astype(str),
+            config_version=usage["config_version"].to_numpy(dtype=np.int64),
+            mode=usage["mode"].to_numpy(dtype=object),
+        )
+        # A remote_copy decision is also published per partition: its fair wait
+        # (docs/semantics.md).
+        copies = decided[decided["partition_key"].notna()]
+        per_partition = copies.assign(
+            entity=copies["partition_key"].astype(str), throttle_ms=copies["partition_wait_ms"]
+        )
+        latest = pd.concat([decided, per_partition]).drop_duplicates(
+            ["quota", "entity"], keep="last"
+        )
+        latest = latest.assign(until=latest["ts"] + latest["throttle_ms"])
+        return latest[list(DECISION_FIELDS)].reset_index(drop=True)
+
+
+_EMPTY_DTYPES: dict[str, Any] = {
+    "quota": object,
+    "entity": object,
+    "rate": float,
+    "limit": float,
+    "exceeded": bool,
+    "mode": object,
+}
+_NO_REMOTE_LOGS = pd.DataFrame({"topic": [], "partition": [], "document": []})
+
+
+def _remote_logs(sizes: RemoteLogSizes, segments: pd.DataFrame) -> pd.DataFrame:
+    """Applies segment events; one row per partition whose sizes changed."""
+    changed = sizes.apply(segments.reset_index(drop=True))
+    documents = [
+        remote_log_document(sizes, topic, int(partition)) if live else None
+        for topic, partition, live in zip(
+            changed["topic"], changed["partition"], changed["live_segments"], strict=True
+        )
+    ]
+    return pd.DataFrame(
+        {
+            "topic": changed["topic"].to_numpy(dtype=object),
+            "partition": changed["partition"].to_numpy(dtype=np.int64),
+            "document": documents,
+        }
+    )
+
+
+def remote_log_document(sizes: RemoteLogSizes, topic: str, partition: int) -> dict[str, Any]:
+    """What readers of a partition's remote log key get (``docs/redis.md``)."""
+    live = sizes.live_segments(topic, partition)
+    return {
+        "topic": topic,
+        "partition": partition,
+        "total": sizes.partition_total(topic, partition),
+        "epochs": {str(epoch): size for epoch, size in sizes.epoch_sizes(topic, partition).items()},
+        # Oldest first: what size-based retention deletes first.
+        "segments": [
+            [str(segment), int(epoch), int(size)]
+            for segment, epoch, size in zip(
+                live["segment_id"], live["leader_epoch"], live["bytes"], strict=True
+            )
+        ],
+    }
+
+
+def timer_counts(stats: TimerStats) -> dict[str, int]:
+    """``stats`` as the ``timers_*`` fields the engine reports per shard."""
+    return {f"timers_{name}": count for name, count in asdict(stats).items()}
