@@ -13,9 +13,10 @@ import redis
 ENGINE_USER = "quotastream-engine"
 AGENT_USER = "quotastream-agent"
 
-#: What the sink sends (pipelined, without MULTI): decisions and remote log sizes (``set``,
-#: ``del``), timer counts (``hset``), release notices (``publish``); ``get`` for checks.
-ENGINE_COMMANDS = ("set", "get", "del", "hset", "publish")
+#: What the sink sends (pipelined, without MULTI): decisions (``eval`` of a script that runs
+#: ``set`` per key: the script's commands are checked against these rules too), remote log sizes
+#: (``set``, ``del``), timer counts (``hset``), release notices (``publish``); ``get`` for checks.
+ENGINE_COMMANDS = ("set", "get", "del", "hset", "publish", "eval")
 #: What ``QuotaClient`` sends: ``get`` (decisions, remote log sizes), ``hgetall`` (timer counts),
 #: ``mget`` (several keys at once), and the pub/sub commands ``wait_until_released`` uses.
 AGENT_COMMANDS = (

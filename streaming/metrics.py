@@ -37,7 +37,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
@@ -334,12 +336,10 @@ class BatchSummary:
         #: Failed Redis attempts before this batch was written (set by the writer).
         self.redis_failures = 0
 
-    def add(self, row: Mapping[str, Any]) -> None:
-        """One written row of ``DECISION_SCHEMA`` (``streaming/stages.py``)."""
+    def add_other(self, row: Mapping[str, Any]) -> None:
+        """A written row that is not a decision: a reject, timer counts or remote log sizes."""
         row_type = row["row_type"]
-        if row_type == stages.USAGE:
-            self.decision(row)
-        elif row_type == stages.REJECT:
+        if row_type == stages.REJECT:
             self._rejects[str(row["reason"])] += 1
         elif row_type == stages.TIMERS:
             self.timers(
@@ -353,31 +353,56 @@ class BatchSummary:
             total = 0 if document is None else int(json.loads(document)["total"])
             self.remote_log(str(row["topic"]), int(row["partition"]), total)
 
-    def decision(self, row: Mapping[str, Any]) -> None:
-        # Runs for every written decision: only a kept row becomes an EntityDecision.
-        self.decisions += 1
-        ts = row["ts"]
-        if row["notice"] is None and (self._newest_ts is None or ts > self._newest_ts):
-            self._newest_ts = ts  # a release repeats an old decision's event time: not counted
-        version = row["config_version"]
-        if version is not None and (self._config_version is None or version > self._config_version):
-            self._config_version = version
-        throttled = (
-            remaining_throttle_ms(
-                row["until"], row["released_at"], row["mode"] == _ENFORCED, self._written_at
-            )
-            > 0
-        )
+    def decisions_of(self, decisions: pa.RecordBatch) -> None:
+        """Decision rows, column by column: a batch may hold every entity of a shard. Kept:
+        the throttled, the tracked, and the top ``top_k`` per quota of the rest by
+        :func:`rank_key` (ties: the later row)."""
+        count = decisions.num_rows
+        if not count:
+            return
+        self.decisions += count
+        ts = decisions.column("ts").to_numpy(zero_copy_only=False)
+        fresh = pc.is_null(decisions.column("notice")).to_numpy(zero_copy_only=False)
+        if fresh.any():  # a release repeats an old decision's event time: not counted
+            newest = int(ts[fresh].max())
+            self._newest_ts = newest if self._newest_ts is None else max(self._newest_ts, newest)
+        version = pc.max(decisions.column("config_version")).as_py()
+        if version is not None:
+            self._config_version = max(version, self._config_version or version)
+        quota = decisions.column("quota").to_numpy(zero_copy_only=False)
+        entity = decisions.column("entity").to_numpy(zero_copy_only=False)
+        until = decisions.column("until").to_numpy(zero_copy_only=False)
+        pending = pc.is_null(decisions.column("released_at")).to_numpy(zero_copy_only=False)
+        enforced = pc.equal(decisions.column("mode"), _ENFORCED).to_numpy(zero_copy_only=False)
+        keep = pending & enforced & (until > self._written_at)  # throttled at the write
         tracked = self._request.tracked
-        if throttled or (tracked and tracking_key(row["quota"], row["entity"]) in tracked):
-            self._kept.append(row)
-        elif self._request.top_k > 0:
-            item = (rank_key(row["rate"], row["limit"]), self.decisions, row)
-            heap = self._candidates.setdefault(row["quota"], [])
-            if len(heap) < self._request.top_k:
-                heapq.heappush(heap, item)
-            elif item[:2] > heap[0][:2]:
-                heapq.heapreplace(heap, item)
+        if tracked:
+            keep |= np.fromiter(
+                (tracking_key(q, e) in tracked for q, e in zip(quota, entity, strict=True)),
+                dtype=np.bool_,
+                count=count,
+            )
+        self._kept += decisions.take(np.flatnonzero(keep)).to_pylist()
+        if self._request.top_k <= 0:
+            return
+        rate = decisions.column("rate").to_numpy(zero_copy_only=False)
+        limit = decisions.column("limit").fill_null(np.nan).to_numpy(zero_copy_only=False)
+        limited = (limit > 0) & (limit < np.inf)
+        ratio = np.where(limited, rate / np.where(limited, limit, 1.0), -1.0)
+        rest = np.flatnonzero(~keep)
+        first = self.decisions - count  # rows are numbered across the writer's batches
+        for name in np.unique(quota[rest]):
+            rows = rest[quota[rest] == name]
+            # Highest (ratio, rate, position) first.
+            order = np.lexsort((rows, rate[rows], ratio[rows]))[::-1][: self._request.top_k]
+            best = decisions.take(rows[order]).to_pylist()
+            heap = self._candidates.setdefault(str(name), [])
+            for position, row in zip(rows[order].tolist(), best, strict=True):
+                item = ((float(ratio[position]), float(rate[position])), first + position, row)
+                if len(heap) < self._request.top_k:
+                    heapq.heappush(heap, item)
+                elif item[:2] > heap[0][:2]:
+                    heapq.heapreplace(heap, item)
 
     def timers(self, shard: int, pending: int, fired: int, cancelled: int) -> None:
         self._rows.append(

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from state.configfile import ConfigError
@@ -178,8 +179,11 @@ def test_a_writer_summary_keeps_top_k_throttled_and_tracked_rows_only() -> None:
     rows.append(
         {**dict.fromkeys(DECISION_SCHEMA.names), "row_type": "timers", "shard": 2, **timers}
     )
-    for row in rows:
-        summary.add(row)
+    written = pa.RecordBatch.from_pylist(rows, schema=DECISION_SCHEMA)
+    others = [row for row in rows if row["row_type"] != "usage"]
+    summary.decisions_of(written.filter(pc.equal(written.column("row_type"), "usage")))
+    for row in others:
+        summary.add_other(row)
     batch = summary.batch()
     assert isinstance(batch, pa.RecordBatch)
     out = batch.to_pylist()
