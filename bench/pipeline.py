@@ -122,10 +122,12 @@ def settings(
     kafka: LocalService,
     redis_server: LocalService,
     topic: str,
+    *,
     trigger_ms: int | None = None,
     max_offsets: int | None = None,
+    shards: int = SHARDS,
 ) -> EngineSettings:
-    spark: dict[str, Any] = {"shards": SHARDS}
+    spark: dict[str, Any] = {"shards": shards}
     if trigger_ms is not None:
         spark["trigger_ms"] = trigger_ms
     base = EngineSettings.model_validate({"redis": {"key_prefix": topic}, "spark": spark})
@@ -198,11 +200,17 @@ def throughput(
 
 
 def scale(
-    spark: Any, kafka: LocalService, redis_server: LocalService, clients: int, per_message: int
+    spark: Any,
+    kafka: LocalService,
+    redis_server: LocalService,
+    clients: int,
+    per_message: int,
+    *,
+    shards: int = SHARDS,
 ) -> dict[str, Any]:
     """Every client active once (the state holds them all), then batches of 100k events over
     random clients: how a batch's cost and the state grow with the clients held."""
-    topic = f"scale-{clients}"
+    topic = f"scale-{clients}-{shards}"
     create_topic(kafka, topic)
     now = int(time.time() * 1000)
     everyone = (
@@ -230,7 +238,9 @@ def scale(
     publish(kafka, topic, work)
     query = start_query(
         spark,
-        settings(kafka, redis_server, topic, max_offsets=batch_events // per_message),
+        settings(
+            kafka, redis_server, topic, max_offsets=batch_events // per_message, shards=shards
+        ),
         CONFIG,
         available_now=True,
     )
@@ -240,6 +250,7 @@ def scale(
     state = progress[-1]["stateOperators"][0]
     return {
         "active_clients": clients,
+        "shards": shards,
         "batch_ms_p50": statistics.median(p["durationMs"]["triggerExecution"] for p in last),
         "state_bytes": state["memoryUsedBytes"],
         "state_bytes_per_client": round(state["memoryUsedBytes"] / clients, 1),
