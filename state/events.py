@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from operator import attrgetter
@@ -203,24 +203,12 @@ def parse_events(
     ``max_payload_bytes`` bounds each event; a batched message as a whole is bounded by the
     broker's ``message.max.bytes``.
     """
-    events = _split_batched(payloads)
-    sizes = np.fromiter(map(len, events.payloads), dtype=np.int64, count=len(events.payloads))
-    too_large = np.flatnonzero(sizes > max_payload_bytes)
-    judged = dict(events.rejected)
-    for number in too_large.tolist():
-        detail = f"payload is {sizes[number]} bytes, the limit is {max_payload_bytes}"
-        judged[number] = _Rejected(RejectReason.TOO_LARGE, detail)
-    source = events.payloads
-    if judged:
-        source = list(source)
-        for number in judged:
-            source[number] = b"{}"  # not decoded: already rejected
-    results = _decode_all(source)
-    for number, failure in judged.items():
-        results[number] = failure
-
+    events = _split_batched(payloads, max_payload_bytes)
+    undecided = [number for number, result in enumerate(events.results) if result is None]
+    decoded = iter(_decode_all([events.payload(number) for number in undecided]))
+    results = [result if result is not None else next(decoded) for result in events.results]
     type_code = np.fromiter(map(_TYPE_CODE.__getitem__, map(type, results)), np.int8, len(results))
-    decoded = {
+    by_type = {
         event_type: _pick(results, np.flatnonzero(type_code == code))
         for code, event_type in enumerate(_EVENT_TYPES)
     }
@@ -228,9 +216,9 @@ def parse_events(
     for number in np.flatnonzero(type_code == _REJECTED_CODE).tolist():
         result = results[number]
         assert isinstance(result, _Rejected)
-        rejected.append((number, -1, result.reason, result.detail, events.payloads[number]))
-    accepted = _columns(decoded)
-    accepted, late_rejects = _check_values(accepted, events.payloads, bounds)
+        rejected.append((number, -1, result.reason, result.detail, events.payload(number)))
+    accepted = _columns(by_type)
+    accepted, late_rejects = _check_values(accepted, events.payload, bounds)
     rejected_frame = pd.DataFrame(rejected, columns=list(ParsedEvents.REJECTED_COLUMNS))
     if len(late_rejects):
         rejected_frame = pd.concat([rejected_frame, late_rejects], ignore_index=True)
@@ -247,56 +235,84 @@ def parse_events(
 class _Split:
     """Every event of a batch of messages, batched messages split into their elements."""
 
-    payloads: Sequence[bytes]  # one per event
+    messages: Sequence[bytes]
+    #: Per event: what decoding it gave (a whole batched message decodes at once), or None
+    #: where it is still to be decoded from its bytes.
+    results: list[_Event | _Rejected | None]
+    #: Per event: its bytes, where they were cut out (None: an element of a message that
+    #: decoded whole; :meth:`payload` cuts it out when a dead letter needs it).
+    payloads: list[bytes | None]
     message: npt.NDArray[np.int64]  # per event: its message's position
     index: npt.NDArray[np.int64]  # per event: its index in a batched message, -1 if none
-    #: Arrays that are not JSON, by event number: rejected whole, as one event.
-    rejected: dict[int, _Rejected]
+
+    def payload(self, number: int) -> bytes:
+        payload = self.payloads[number]
+        if payload is None:
+            elements = _BATCHED.decode(self.messages[int(self.message[number])])
+            payload = bytes(elements[int(self.index[number])])
+        return payload
 
 
 _BATCHED = msgspec.json.Decoder(list[msgspec.Raw])
+_EVENTS = msgspec.json.Decoder(
+    list[Produce | Fetch | RemoteCopy | RemoteFetch | Replication | RemoteSegment]
+)
 _JSON_WHITESPACE = b" \t\r\n"
 
 
-def _split_batched(payloads: Sequence[bytes]) -> _Split:
-    """Splits each JSON array message into its elements' bytes; other messages are one event.
+def _split_batched(payloads: Sequence[bytes], max_payload_bytes: int) -> _Split:
+    """Splits each JSON array message into its events; other messages are one event each.
 
-    An array that is not valid JSON stays one payload, rejected whole.
+    A batched message whose every element is a valid event of at most ``max_payload_bytes``
+    decodes in one call; otherwise each element is judged on its own. An array that is not
+    valid JSON is one event, rejected whole; so is a payload over the limit.
     """
-    batched = [
-        position
-        for position, payload in enumerate(payloads)
-        if payload[:1] == b"[" or (payload[:1] in _JSON_WHITESPACE and payload.lstrip()[:1] == b"[")
-    ]
-    count = len(payloads)
-    if not batched:
-        return _Split(payloads, np.arange(count, dtype=np.int64), np.full(count, -1, np.int64), {})
-    events: list[bytes] = []
+    results: list[_Event | _Rejected | None] = []
+    events: list[bytes | None] = []
     message: list[int] = []
     index: list[int] = []
-    rejected: dict[int, _Rejected] = {}
-    start = 0
-    for position in batched:
-        events.extend(payloads[start:position])
-        message.extend(range(start, position))
-        index.extend([-1] * (position - start))
-        start = position + 1
-        elements = _decode_batched(payloads[position])
-        if isinstance(elements, _Rejected):
-            rejected[len(events)] = elements
-            events.append(payloads[position])
+    for position, payload in enumerate(payloads):
+        batched = payload[:1] == b"[" or (
+            payload[:1] in _JSON_WHITESPACE and payload.lstrip()[:1] == b"["
+        )
+        elements = _decode_batched(payload) if batched else None
+        if elements is None or isinstance(elements, _Rejected):
+            results.append(
+                elements if elements is not None else _too_large(payload, max_payload_bytes)
+            )
+            events.append(payload)
             message.append(position)
             index.append(-1)
             continue
-        events.extend(bytes(element) for element in elements)
-        message.extend([position] * len(elements))
-        index.extend(range(len(elements)))
-    events.extend(payloads[start:])
-    message.extend(range(start, count))
-    index.extend([-1] * (count - start))
+        count = len(elements)
+        message.extend([position] * count)
+        index.extend(range(count))
+        if max(map(len, elements), default=0) <= max_payload_bytes:
+            try:
+                results.extend(_EVENTS.decode(payload))
+                events.extend([None] * count)
+                continue
+            except _DECODE_ERRORS:
+                pass  # some element is bad: each is judged on its own below
+        for element in elements:
+            raw = bytes(element)
+            results.append(_too_large(raw, max_payload_bytes))
+            events.append(raw)
     return _Split(
-        events, np.array(message, dtype=np.int64), np.array(index, dtype=np.int64), rejected
+        payloads,
+        results,
+        events,
+        np.array(message, dtype=np.int64),
+        np.array(index, dtype=np.int64),
     )
+
+
+def _too_large(payload: bytes, max_payload_bytes: int) -> _Rejected | None:
+    """The rejection of a payload over the limit (it is not decoded); None for the others."""
+    if len(payload) <= max_payload_bytes:
+        return None
+    detail = f"payload is {len(payload)} bytes, the limit is {max_payload_bytes}"
+    return _Rejected(RejectReason.TOO_LARGE, detail)
 
 
 def _decode_batched(payload: bytes) -> list[msgspec.Raw] | _Rejected:
@@ -426,14 +442,17 @@ def _columns(decoded: dict[type[_Event], _OfKind]) -> pd.DataFrame:
             if column not in fields:
                 parts[column].append(np.full(count, -1 if column == "role" else absent, dtype))
                 continue
-            values = list(map(attrgetter(column), events))
+            values = map(attrgetter(column), events)
             if column == "role":
-                values = [_ROLE_CODE[role] for role in values]
-            parts[column].append(np.array(values, dtype=dtype))
+                values = map(_ROLE_CODE.__getitem__, values)
+            parts[column].append(np.fromiter(values, dtype=dtype, count=count))
     if not parts["position"]:
         return empty_events()
-    order = np.argsort(np.concatenate(parts["position"]))
-    data: dict[str, Any] = {column: np.concatenate(parts[column])[order] for column in parts}
+    positions = np.concatenate(parts["position"])
+    data: dict[str, Any] = {column: np.concatenate(parts[column]) for column in parts}
+    if len(parts["position"]) > 1:  # several kinds: back to payload order
+        order = np.argsort(positions, kind="stable")
+        data = {column: values[order] for column, values in data.items()}
     data["kind"] = pd.Categorical.from_codes(data["kind"], dtype=KIND_DTYPE)
     data["role"] = pd.Categorical.from_codes(data["role"], dtype=ROLE_DTYPE)
     return pd.DataFrame(data)
@@ -452,7 +471,7 @@ def _typed(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _check_values(
-    accepted: pd.DataFrame, payloads: Sequence[bytes], bounds: EventBounds
+    accepted: pd.DataFrame, payload: Callable[[int], bytes], bounds: EventBounds
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Range checks over whole columns; returns (still accepted, newly rejected)."""
     ts = accepted["ts"].to_numpy()
@@ -485,7 +504,7 @@ def _check_values(
             strict=True,
         ):
             rows.append(
-                (int(position), -1, reason, f"{message} (got {value!r})", payloads[position])
+                (int(position), -1, reason, f"{message} (got {value!r})", payload(int(position)))
             )
     rejected = pd.DataFrame(rows, columns=list(ParsedEvents.REJECTED_COLUMNS))
     if bad.any():
