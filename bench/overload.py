@@ -1,0 +1,186 @@
+"""Overload: twice the rate the query is allowed to sustain, then silence, on local Spark.
+
+The query reads at most ``--cap`` messages per micro-batch (``maxOffsetsPerTrigger``) every
+trigger (1 s), so it sustains ``cap x events_per_message`` events/s; traffic is offered at twice
+that for ``--seconds``, then stops. Sampled every 5 s: the records each batch read (bounded by
+the cap), the backlog (the topic's end minus what the query has read), the exporter's
+``quotastream_event_lag_seconds``, and the memory of the driver JVM and the Python workers.
+Prints one JSON object and appends it to bench/results/overload.jsonl.
+
+    python bench/overload.py [--cap 100] [--events-per-message 100] [--seconds 120]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import threading
+import time
+import urllib.request
+from datetime import UTC, datetime
+from typing import Any
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from pipeline import CONFIG, PARTITIONS, Traffic, create_topic
+from results import record  # bench/ is on sys.path when a script in it runs
+from soak import command_of, descendants, rss_mb
+
+from streaming.job import local_spark, start_query
+from streaming.metrics import EVENT_LAG, EngineMetrics
+from streaming.offsets import from_json, records_read
+from streaming.services import LocalService, start_kafka, start_redis
+from streaming.settings import EngineSettings
+
+TOPIC = "overload"
+
+
+def offer(kafka: LocalService, per_s: int, per_message: int, seconds: float) -> threading.Thread:
+    """Publishes ``per_s`` messages/s of ``per_message`` events each for ``seconds``."""
+
+    def run() -> None:
+        traffic = Traffic(seed=9, clients=10_000)
+        out = KafkaProducer(bootstrap_servers=kafka.address, linger_ms=20, acks=1)
+        began = time.monotonic()
+        sent = 0
+        while (elapsed := time.monotonic() - began) < seconds:
+            now = int(time.time() * 1000)
+            due = (int(elapsed * per_s) - sent) * per_message
+            for message in traffic.messages(due, per_message, now):
+                out.send(TOPIC, message, partition=sent % PARTITIONS)
+                sent += 1
+            time.sleep(0.02)
+        out.flush()
+        out.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def topic_end(kafka: LocalService) -> int:
+    consumer = KafkaConsumer(bootstrap_servers=kafka.address)
+    partitions = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
+    end: int = sum(consumer.end_offsets(partitions).values())
+    consumer.close()
+    return end
+
+
+def read_so_far(query: Any) -> int:
+    progress = query.lastProgress
+    if not progress:
+        return 0
+    offsets = from_json(_json(progress["sources"][0]["endOffset"]))
+    return sum(offset for (topic, _), offset in offsets.items() if topic == TOPIC)
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def scrape(port: int, name: str) -> float | None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return None
+
+
+def memory() -> dict[str, int]:
+    processes = descendants(os.getpid())
+    jvm = [pid for pid in processes if "java" in command_of(pid).split(" ")[0]]
+    workers = [pid for pid in processes if "pyspark" in command_of(pid) and pid not in jvm]
+    return {
+        "jvm_mb": round(sum(rss_mb(pid) for pid in jvm)),
+        "python_workers_mb": round(sum(rss_mb(pid) for pid in workers)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cap", type=int, default=100, help="messages per micro-batch")
+    parser.add_argument("--events-per-message", type=int, default=100)
+    parser.add_argument("--seconds", type=int, default=120)
+    args = parser.parse_args()
+    per_message = args.events_per_message
+    sustained = args.cap * per_message  # events/s: one capped batch per 1 s trigger
+    with start_kafka() as kafka, start_redis() as redis_server:
+        create_topic(kafka, TOPIC)
+        settings = EngineSettings.model_validate(
+            {"redis": {"key_prefix": TOPIC}, "spark": {"trigger_ms": 1000}}
+        ).pointed_at(
+            kafka.address,
+            redis_server.host,
+            redis_server.port,
+            tempfile.mkdtemp(prefix="bench-overload-"),
+            topics=[TOPIC],
+            starting_offsets="earliest",
+            max_offsets_per_trigger=args.cap,
+        )
+        spark = local_spark(settings)
+        metrics = EngineMetrics(port=0)
+        port = metrics.serve()
+        query = start_query(spark, settings, CONFIG, metrics=metrics)
+        began = time.monotonic()
+        load = offer(kafka, 2 * args.cap, per_message, args.seconds)
+        samples: list[dict[str, Any]] = []
+        caught_up_s = None
+        try:
+            while time.monotonic() - began < args.seconds * 4:
+                time.sleep(5)
+                if not query.isActive:
+                    raise RuntimeError(f"the query stopped: {query.exception()}")
+                batches = [
+                    records_read(
+                        p["sources"][0]["startOffset"], p["sources"][0]["endOffset"], [TOPIC]
+                    )
+                    for p in query.recentProgress
+                ]
+                backlog = topic_end(kafka) - read_so_far(query)
+                samples.append(
+                    {
+                        "t_s": round(time.monotonic() - began),
+                        "offering": load.is_alive(),
+                        "backlog_messages": backlog,
+                        "largest_batch_messages": max(batches, default=0),
+                        "event_lag_s": scrape(port, EVENT_LAG),
+                        **memory(),
+                    }
+                )
+                print(samples[-1], flush=True)
+                if not load.is_alive() and backlog == 0:
+                    caught_up_s = samples[-1]["t_s"] - args.seconds
+                    break
+        finally:
+            query.stop()
+            metrics.close()
+            spark.stop()
+    offering = [s for s in samples if s["offering"]]
+    steady = offering[len(offering) // 4 :]
+    record(
+        "overload",
+        {
+            "when": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": f"{platform.machine()} {os.cpu_count()} cpu, local[2]",
+            "sustained_events_per_s": sustained,
+            "offered_events_per_s": 2 * sustained,
+            "offered_seconds": args.seconds,
+            "cap_messages_per_batch": args.cap,
+            "largest_batch_messages": max(s["largest_batch_messages"] for s in samples),
+            "peak_backlog_messages": max(s["backlog_messages"] for s in samples),
+            "peak_event_lag_s": max(s["event_lag_s"] or 0 for s in samples),
+            "jvm_mb": {"early": steady[0]["jvm_mb"], "late": steady[-1]["jvm_mb"]},
+            "python_workers_mb": {
+                "early": steady[0]["python_workers_mb"],
+                "late": steady[-1]["python_workers_mb"],
+            },
+            "caught_up_s_after_offer": caught_up_s,
+            "samples": samples,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
