@@ -143,38 +143,53 @@ def staged_batches(records: KafkaRecords, settings: StageSettings) -> Iterator[p
 def _usage(
     resolved: pd.DataFrame, settings: StageSettings, config: QuotaConfig, version: int
 ) -> pd.DataFrame:
-    measured = resolved[resolved["quota"].notna()]
-    window = measured["quota"].map(
-        {q.value: settings.config.quota_types.of(q).window_ms for q in QuotaType}
+    """Resolved events summed per (quota, entity, partition key, sample), grouped by their
+    category codes: strings are looked up for the sums only."""
+    quota = resolved["quota"].cat
+    entity = resolved["entity"].cat
+    partition = resolved["partition_key"].cat
+    quota_codes = quota.codes.to_numpy()
+    measured = quota_codes >= 0
+    windows = np.array(
+        [settings.config.quota_types.of(QuotaType(name)).window_ms for name in quota.categories],
+        dtype=np.int64,
     )
+    ts = resolved["ts"].to_numpy()[measured]
     frame = pd.DataFrame(
         {
-            "quota": measured["quota"].astype(str).to_numpy(),
-            "entity": measured["entity"].astype(str).to_numpy(),
-            "sample": (measured["ts"] // window.astype(np.int64)).to_numpy(),
-            "ts": measured["ts"].to_numpy(),
-            "counted_bytes": measured["counted_bytes"].to_numpy(),
-            "limit": measured["limit"].to_numpy(),
-            "level": measured["level"].to_numpy(),
-            "mode": _modes(measured, config),
+            "quota": quota_codes[measured],
+            "entity": entity.codes.to_numpy()[measured],
             # remote_copy is summed per partition too: the fair wait needs each one's usage.
-            "partition_key": measured["partition_key"].astype(object).fillna("").to_numpy(),
+            "partition_key": partition.codes.to_numpy()[measured],
+            "sample": ts // windows[quota_codes[measured]],
+            "ts": ts,
+            "counted_bytes": resolved["counted_bytes"].to_numpy()[measured],
+            "limit": resolved["limit"].to_numpy()[measured],
+            "level": resolved["level"].to_numpy()[measured],
         }
     )
     keys = ["quota", "entity", "partition_key", "sample"]
-    summed = frame.groupby(keys, sort=False, observed=True).agg(
-        ts=("ts", "max"),
-        counted_bytes=("counted_bytes", "sum"),
-        events=("ts", "size"),
-        limit=("limit", "first"),
-        level=("level", "first"),
-        mode=("mode", "first"),
+    summed = (
+        frame.groupby(keys, sort=False)
+        .agg(
+            ts=("ts", "max"),
+            counted_bytes=("counted_bytes", "sum"),
+            events=("ts", "size"),
+            limit=("limit", "first"),
+            level=("level", "first"),
+        )
+        .reset_index()
     )
-    summed = summed.reset_index().drop(columns="sample")
-    keyed = summed["partition_key"].to_numpy(dtype=object)
-    keyed[keyed == ""] = None  # back from the group key to "no partition"
-    summed["partition_key"] = keyed
+    summed["quota"] = quota.categories.to_numpy(dtype=object)[summed["quota"].to_numpy()]
+    summed["entity"] = entity.categories.to_numpy(dtype=object)[summed["entity"].to_numpy()]
+    # Code -1 (no partition) indexes the appended None.
+    partitions = np.concatenate(
+        [partition.categories.to_numpy(dtype=object), np.array([None], dtype=object)]
+    )
+    summed["partition_key"] = partitions[summed["partition_key"].to_numpy()]
+    summed["mode"] = _modes(summed, config)
     summed["config_version"] = version
+    summed = summed.drop(columns="sample")
     summed.insert(0, "row_type", USAGE)
     summed.insert(1, "shard", shard_of(summed["entity"], settings.shards))
     return _stage_rows(summed)
