@@ -322,3 +322,19 @@ def test_batched_and_single_messages_account_for_every_event_once(
     assert sorted(rejected) == sorted(expected_bad)
     batched_bytes = parsed.accepted["bytes"].to_numpy()[parsed.accepted["index"].to_numpy() >= 0]
     assert batched_bytes.tolist() == [index for _, index in expected_good if index >= 0]
+
+
+def test_replay_decides_a_batched_line_as_its_events_one_per_line(
+    replay_cli: ReplayRunner,
+) -> None:
+    events = [with_(P, ts=BASE + i, bytes=1000 * i) for i in range(6)]
+    bad = with_(P, bytes=-5)
+    single = replay_cli({}, [*events, bad])
+    batched = replay_cli({}, [events[0], b"[" + b",".join([*events[1:4], bad, *events[4:]]) + b"]"])
+    assert single.exit_code == batched.exit_code == 0
+    strip = [{k: v for k, v in d.items() if k != "line"} for d in single.decisions]
+    assert [{k: v for k, v in d.items() if k != "line"} for d in batched.decisions] == strip
+    assert [d["line"] for d in batched.decisions] == [1, 2, 2, 2, 2, 2]
+    (reject,) = batched.rejected
+    assert (reject["line"], reject["index"], reject["reason"]) == (2, 3, "negative_bytes")
+    assert json.loads(reject["payload"]) == json.loads(bad)
