@@ -11,8 +11,10 @@ from streaming.offsets import (
     SourceOptionError,
     SourceOptions,
     from_json,
+    group_ranges,
     limit_end,
     plan_ranges,
+    records_read,
     to_json,
 )
 
@@ -126,3 +128,42 @@ def test_options_parse_with_defaults_and_pass_client_settings() -> None:
 def test_bad_options_are_named(options: dict[str, str], message: str) -> None:
     with pytest.raises(SourceOptionError, match=message):
         SourceOptions.parse(options)
+
+
+@given(
+    sizes=st.lists(st.integers(1, 50_000), max_size=12),
+    tasks=st.integers(1, 8),
+    min_records=st.integers(1, 10_000),
+)
+def test_group_ranges_reads_every_range_once_in_few_enough_balanced_tasks(
+    sizes: list[int], tasks: int, min_records: int
+) -> None:
+    ranges = [OffsetRange("t", p, 100, 100 + size) for p, size in enumerate(sizes)]
+    groups = group_ranges(ranges, tasks, min_records)
+    flat = [r for group in groups for r in group]
+    assert sorted(flat, key=lambda r: r.partition) == ranges  # each range once
+    assert all(groups)
+    total = sum(sizes)
+    assert len(groups) <= max(1, min(tasks, total // min_records))
+    if ranges:
+        loads = [sum(r.size for r in group) for group in groups]
+        # Greedy largest-first: no task exceeds the ideal share by more than the largest range.
+        assert max(loads) <= total / len(groups) + max(sizes)
+        assert len(groups) == max(1, min(len(ranges), tasks, total // min_records))
+
+
+def test_a_tiny_batch_is_one_read_task_and_a_large_one_fills_the_cores() -> None:
+    tiny = [OffsetRange("t", p, 0, 1) for p in range(4)]
+    assert len(group_ranges(tiny, tasks=2, min_records=2_000)) == 1
+    large = [OffsetRange("t", p, 0, 100_000) for p in range(4)]
+    assert [len(group) for group in group_ranges(large, tasks=2, min_records=2_000)] == [2, 2]
+
+
+def test_records_read_counts_the_event_topics_from_progress_offsets() -> None:
+    start = '{"events": {"0": 10, "1": 50}, "config": {"0": 4}}'
+    end = {"events": {"0": 25, "1": 3, "2": 7}, "config": {"0": 9}}
+    # Partition 1 restarted below the start: its 3 records count; partition 2 is new.
+    assert records_read(start, end, ["events"]) == 15 + 3 + 7
+    assert records_read(start, end) == 15 + 3 + 7 + 5
+    assert records_read("{not json", end, ["events"]) == 25 + 3 + 7
+    assert records_read(start, "12", ["events"]) == 0
