@@ -275,6 +275,18 @@ def _split_batched(payloads: Sequence[bytes], max_payload_bytes: int) -> _Split:
         batched = payload[:1] == b"[" or (
             payload[:1] in _JSON_WHITESPACE and payload.lstrip()[:1] == b"["
         )
+        if batched and len(payload) <= max_payload_bytes:
+            # Every element is within the limit: one call decodes them all, if all are good.
+            try:
+                decoded = _EVENTS.decode(payload)
+            except _DECODE_ERRORS:
+                pass  # judged element by element below
+            else:
+                results.extend(decoded)
+                events.extend([None] * len(decoded))
+                message.extend([position] * len(decoded))
+                index.extend(range(len(decoded)))
+                continue
         elements = _decode_batched(payload) if batched else None
         if elements is None or isinstance(elements, _Rejected):
             results.append(
@@ -287,7 +299,7 @@ def _split_batched(payloads: Sequence[bytes], max_payload_bytes: int) -> _Split:
         count = len(elements)
         message.extend([position] * count)
         index.extend(range(count))
-        if max(map(len, elements), default=0) <= max_payload_bytes:
+        if max(map(len, elements), default=0) <= max_payload_bytes < len(payload):
             try:
                 results.extend(_EVENTS.decode(payload))
                 events.extend([None] * count)
