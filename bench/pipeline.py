@@ -34,7 +34,6 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-import pandas as pd
 import pyarrow as pa
 import redis
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
@@ -51,7 +50,7 @@ from streaming.offsets import SourceOptions
 from streaming.services import LocalService, start_kafka, start_redis
 from streaming.settings import EngineSettings
 from streaming.sinks import SinkSettings, write_batches
-from streaming.stages import DECISION_SCHEMA, StageSettings, staged_batches, update_shard
+from streaming.stages import StageSettings, staged_batches, update_shard
 
 CONFIG = parse_quota_config(
     {
@@ -386,16 +385,13 @@ def stage_costs(kafka: LocalService, redis_server: LocalService, topic: str) -> 
     timings["stage1_validate_resolve_sum"] = time.perf_counter() - began
     began = time.perf_counter()
     now = stage.now_ms()
-    decided = [
-        update_shard(None, rows, stage, int(shard), now).rows
-        for shard, rows in staged.groupby("shard")
+    updates = [
+        update_shard(None, rows, stage, int(shard), now) for shard, rows in staged.groupby("shard")
     ]
     timings["stage2_state_update"] = time.perf_counter() - began
-    decisions = pa.RecordBatch.from_pandas(
-        pd.concat(decided, ignore_index=True), schema=DECISION_SCHEMA, preserve_index=False
-    )
+    decisions = [batch for update in updates for batch in update.batches()]
     began = time.perf_counter()
-    list(write_batches(iter([decisions]), SinkSettings.local(redis_server.host, redis_server.port)))
+    list(write_batches(iter(decisions), SinkSettings.local(redis_server.host, redis_server.port)))
     timings["redis_sink"] = time.perf_counter() - began
     source.stop()
     messages = sum(len(chunk.offsets) for chunk in chunks)

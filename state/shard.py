@@ -165,12 +165,12 @@ class Shard:
         # A remote_copy decision is also published per partition: its fair wait
         # (docs/semantics.md).
         copies = decided[decided["partition_key"].notna()]
-        per_partition = copies.assign(
-            entity=copies["partition_key"].astype(str), throttle_ms=copies["partition_wait_ms"]
-        )
-        latest = pd.concat([decided, per_partition]).drop_duplicates(
-            ["quota", "entity"], keep="last"
-        )
+        if len(copies):
+            per_partition = copies.assign(
+                entity=copies["partition_key"].astype(str), throttle_ms=copies["partition_wait_ms"]
+            )
+            decided = pd.concat([decided, per_partition])
+        latest = decided.drop_duplicates(["quota", "entity"], keep="last")
         latest = latest.assign(until=latest["ts"] + latest["throttle_ms"])
         return latest[list(DECISION_FIELDS)].reset_index(drop=True)
 

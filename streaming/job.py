@@ -192,7 +192,7 @@ def _update_group(
         state.update(astuple(update.state))
     if update.wake_at_ms is not None:
         state.setTimeoutDuration(max(update.wake_at_ms - now_ms, 1))
-    yield update.rows
+    yield from update.parts
 
 
 def _write_batch(

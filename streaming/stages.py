@@ -295,9 +295,27 @@ TIMERS = "timers"
 @dataclass(frozen=True)
 class ShardUpdate:
     state: ShardState | None  # None for the dead-letter group, which keeps no state
-    rows: pd.DataFrame  # DECISION_SCHEMA
+    #: DECISION_SCHEMA frames, one per kind of row: Spark takes them one by one, and
+    #: concatenating frames of different columns costs pandas a check per value.
+    parts: list[pd.DataFrame]
     #: When the shard's earliest pending timer bucket is due (None: no timers).
     wake_at_ms: int | None
+
+    def batches(self) -> list[pa.RecordBatch]:
+        """The parts as Spark converts them: DECISION_SCHEMA record batches."""
+        return [
+            batch
+            for part in self.parts
+            for batch in pa.Table.from_pandas(
+                part, schema=DECISION_SCHEMA, preserve_index=False
+            ).to_batches()
+        ]
+
+    @property
+    def rows(self) -> pd.DataFrame:
+        """All parts in one frame, typed as Spark types them (for tests and tools)."""
+        rows: pd.DataFrame = pa.Table.from_batches(self.batches(), DECISION_SCHEMA).to_pandas()
+        return rows
 
 
 def update_shard(
@@ -312,7 +330,7 @@ def update_shard(
     Rejects pass through; the dead-letter group (shard -1) only passes them through."""
     rejects = rows[rows["row_type"] == REJECT]
     if shard < 0:
-        return ShardUpdate(None, rejects.reindex(columns=DECISION_SCHEMA.names), None)
+        return ShardUpdate(None, _decision_rows([rejects]), None)
     usage = rows[rows["row_type"] == USAGE]
     segments = rows[rows["row_type"] == SEGMENT]
     step = Shard.restore(state, settings.shard, now_ms).step(
@@ -350,8 +368,11 @@ def update_shard(
         remote_logs.drop(columns="document").assign(row_type=REMOTE_LOG, remote_log=documents),
         rejects,
     ]
-    out = pd.concat([part for part in parts if len(part)], ignore_index=True)
-    for field in DECISION_SCHEMA.names:
-        if field not in out:
-            out[field] = None
-    return ShardUpdate(step.state, out[DECISION_SCHEMA.names], step.wake_at_ms)
+    return ShardUpdate(step.state, _decision_rows(parts), step.wake_at_ms)
+
+
+def _decision_rows(parts: list[pd.DataFrame]) -> list[pd.DataFrame]:
+    """The non-empty ``parts`` with every DECISION_SCHEMA column, in order (null if absent)."""
+    return [
+        part.reindex(columns=DECISION_SCHEMA.names, fill_value=None) for part in parts if len(part)
+    ]
