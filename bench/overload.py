@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import platform
-import tempfile
 import threading
 import time
 import urllib.request
@@ -25,6 +24,7 @@ from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from pipeline import CONFIG, PARTITIONS, Traffic, create_topic
+from pipeline import settings as engine_settings
 from results import record  # bench/ is on sys.path when a script in it runs
 from soak import command_of, descendants, rss_mb
 
@@ -32,7 +32,6 @@ from streaming.job import local_spark, start_query
 from streaming.metrics import EVENT_LAG, EngineMetrics
 from streaming.offsets import from_json, records_read
 from streaming.services import LocalService, start_kafka, start_redis
-from streaming.settings import EngineSettings
 
 TOPIC = "overload"
 
@@ -108,16 +107,8 @@ def main() -> None:
     sustained = args.cap * per_message  # events/s: one capped batch per 1 s trigger
     with start_kafka() as kafka, start_redis() as redis_server:
         create_topic(kafka, TOPIC)
-        settings = EngineSettings.model_validate(
-            {"redis": {"key_prefix": TOPIC}, "spark": {"trigger_ms": 1000}}
-        ).pointed_at(
-            kafka.address,
-            redis_server.host,
-            redis_server.port,
-            tempfile.mkdtemp(prefix="bench-overload-"),
-            topics=[TOPIC],
-            starting_offsets="earliest",
-            max_offsets_per_trigger=args.cap,
+        settings = engine_settings(
+            kafka, redis_server, TOPIC, trigger_ms=1000, max_offsets=args.cap
         )
         spark = local_spark(settings)
         metrics = EngineMetrics(port=0)
