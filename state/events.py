@@ -467,7 +467,9 @@ def _columns(decoded: dict[type[_Event], _OfKind]) -> pd.DataFrame:
         data = {column: values[order] for column, values in data.items()}
     data["kind"] = pd.Categorical.from_codes(data["kind"], dtype=KIND_DTYPE)
     data["role"] = pd.Categorical.from_codes(data["role"], dtype=ROLE_DTYPE)
-    return pd.DataFrame(data)
+    # copy=False: the columns are fresh; consolidating them would copy every one (60 ms for
+    # 500k events).
+    return pd.DataFrame(data, copy=False)
 
 
 def _typed(frame: pd.DataFrame) -> pd.DataFrame:

@@ -166,7 +166,8 @@ def _usage(
             "counted_bytes": resolved["counted_bytes"].to_numpy()[measured],
             "limit": resolved["limit"].to_numpy()[measured],
             "level": resolved["level"].to_numpy()[measured],
-        }
+        },
+        copy=False,
     )
     keys = ["quota", "entity", "partition_key", "sample"]
     summed = (
