@@ -13,7 +13,6 @@ Prints one JSON object and appends it to bench/results/overload.jsonl.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import threading
@@ -30,7 +29,7 @@ from soak import command_of, descendants, rss_mb
 
 from streaming.job import local_spark, start_query
 from streaming.metrics import EVENT_LAG, EngineMetrics
-from streaming.offsets import from_json, records_read
+from streaming.offsets import records_read
 from streaming.services import LocalService, start_kafka, start_redis
 
 TOPIC = "overload"
@@ -68,15 +67,11 @@ def topic_end(kafka: LocalService) -> int:
 
 
 def read_so_far(query: Any) -> int:
+    """The records of the topic the query has read (its last batch's end offsets)."""
     progress = query.lastProgress
     if not progress:
         return 0
-    offsets = from_json(_json(progress["sources"][0]["endOffset"]))
-    return sum(offset for (topic, _), offset in offsets.items() if topic == TOPIC)
-
-
-def _json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str) else value
+    return records_read(None, progress["sources"][0]["endOffset"], [TOPIC])
 
 
 def scrape(port: int, name: str) -> float | None:

@@ -219,10 +219,13 @@ def _segments(events: pd.DataFrame, settings: StageSettings) -> pd.DataFrame:
 
 def _stage_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """``rows`` with every STAGE_SCHEMA column, in order; the columns it lacks are null."""
-    for name in STAGE_SCHEMA.names:
-        if name not in rows:
-            rows[name] = None
-    ordered: pd.DataFrame = rows[STAGE_SCHEMA.names]
+    return _with_columns(rows, STAGE_SCHEMA)
+
+
+def _with_columns(rows: pd.DataFrame, schema: pa.Schema) -> pd.DataFrame:
+    """``rows`` with exactly ``schema``'s columns, in order; the columns it lacks are null."""
+    missing = {name: None for name in schema.names if name not in rows}
+    ordered: pd.DataFrame = rows.assign(**missing)[schema.names]
     return ordered
 
 
@@ -374,6 +377,4 @@ def update_shard(
 
 def _decision_rows(parts: list[pd.DataFrame]) -> list[pd.DataFrame]:
     """The non-empty ``parts`` with every DECISION_SCHEMA column, in order (null if absent)."""
-    return [
-        part.reindex(columns=DECISION_SCHEMA.names, fill_value=None) for part in parts if len(part)
-    ]
+    return [_with_columns(part, DECISION_SCHEMA) for part in parts if len(part)]
