@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 import redis
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
@@ -44,13 +45,20 @@ from results import record  # bench/ is on sys.path when a script in it runs
 from quotastream.client import decision_keys
 from state.config import parse_quota_config
 from state.events import EventBounds
+from state.shard import Shard
 from streaming.job import local_spark, start_query
 from streaming.kafka_source import KafkaStreamReader
 from streaming.offsets import SourceOptions, records_read
 from streaming.services import LocalService, start_kafka, start_redis
 from streaming.settings import EngineSettings
 from streaming.sinks import SinkSettings, write_batches
-from streaming.stages import StageSettings, staged_batches, update_shard
+from streaming.stages import (
+    STAGE_SCHEMA,
+    KafkaRecords,
+    StageSettings,
+    staged_batches,
+    update_shard,
+)
 
 CONFIG = parse_quota_config(
     {
@@ -211,20 +219,11 @@ def _after_first(progress: list[dict[str, Any]], per_message: int) -> int | None
     return round(messages * per_message / seconds)
 
 
-def scale(
-    spark: Any,
-    kafka: LocalService,
-    redis_server: LocalService,
-    clients: int,
-    per_message: int,
-    *,
-    shards: int = SHARDS,
-) -> dict[str, Any]:
-    """Every client active once (the state holds them all), then batches of 100k events over
-    random clients: how a batch's cost and the state grow with the clients held."""
-    topic = f"scale-{clients}-{shards}"
-    create_topic(kafka, topic)
-    now = int(time.time() * 1000)
+def scale_messages(
+    clients: int, per_message: int, now: int, batch_events: int, batches: int
+) -> tuple[Iterator[bytes], Iterator[bytes]]:
+    """Every client active once (the state holds them all), then ``batches`` of
+    ``batch_events`` events over random clients."""
     everyone = (
         b"["
         + b",".join(
@@ -234,19 +233,37 @@ def scale(
         + b"]"
         for first in range(0, clients, per_message)
     )
-    publish(kafka, topic, everyone)
-    batch_events, batches = 100_000, 5
-    traffic = Traffic(seed=clients, clients=clients, popular=False)
+    rng = random.Random(clients)
     work = (
         b"["
         + b",".join(
-            f'{{"kind":"produce","user":"u{traffic.rng.randrange(clients)}","client_id":"c",'
+            f'{{"kind":"produce","user":"u{rng.randrange(clients)}","client_id":"c",'
             f'"broker":1,"bytes":100,"ts":{now + 1000}}}'.encode()
             for _ in range(per_message)
         )
         + b"]"
         for _ in range(batch_events * batches // per_message)
     )
+    return everyone, work
+
+
+def scale(
+    spark: Any,
+    kafka: LocalService,
+    redis_server: LocalService,
+    clients: int,
+    per_message: int,
+    *,
+    shards: int = SHARDS,
+) -> dict[str, Any]:
+    """How a batch's cost and the state grow with the clients held, and where a batch's time
+    goes (each piece once more in one process, on the same events)."""
+    topic = f"scale-{clients}-{shards}"
+    create_topic(kafka, topic)
+    now = int(time.time() * 1000)
+    batch_events, batches = 100_000, 5
+    everyone, work = scale_messages(clients, per_message, now, batch_events, batches)
+    publish(kafka, topic, everyone)
     publish(kafka, topic, work)
     query = start_query(
         spark,
@@ -260,6 +277,7 @@ def scale(
     progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
     last = progress[-batches:]
     state = progress[-1]["stateOperators"][0]
+    everyone, work = scale_messages(clients, per_message, now, batch_events, 1)
     return {
         "active_clients": clients,
         "shards": shards,
@@ -267,6 +285,9 @@ def scale(
         "state_bytes": state["memoryUsedBytes"],
         "state_bytes_per_client": round(state["memoryUsedBytes"] / clients, 1),
         "state_rows": state["numRowsTotal"],
+        "one_batch_one_process_ms": piece_costs(
+            [list(everyone)], list(work), redis_server, shards, now + 1000
+        ),
     }
 
 
@@ -385,30 +406,69 @@ def stage_costs(kafka: LocalService, redis_server: LocalService, topic: str) -> 
     )
     start = source.initialOffset()
     end = source.latestOffset(start, ReadMaxRows(100_000))
-    timings: dict[str, float] = {}
     began = time.perf_counter()
     chunks = [
         chunk for part in source.partitions(start, end) for chunk in source.records(part.value)
     ]
-    timings["kafka_read"] = time.perf_counter() - began
-    stage = StageSettings(CONFIG, EventBounds(), 65_536, shards=SHARDS)
+    costs = {"kafka_read_ms": round((time.perf_counter() - began) * 1000)}
+    source.stop()
+    values: list[bytes] = [value or b"" for chunk in chunks for value in chunk.values]
+    costs |= piece_costs([], values, redis_server, SHARDS, int(time.time() * 1000))
+    return {
+        f"{name.removesuffix('_ms')}_msgs_per_s": round(len(values) / ms * 1000)
+        for name, ms in costs.items()
+        if name != "state_restore_encode_ms"
+    }
+
+
+def piece_costs(
+    before: list[list[bytes]],
+    batch: list[bytes],
+    redis_server: LocalService,
+    shards: int,
+    now: int,
+) -> dict[str, int]:
+    """Milliseconds of each piece of one micro-batch of ``batch`` messages, in one process and
+    without Spark, after the batches ``before`` built the state: stage 1 (validate, resolve,
+    sum), stage 2 (the shards' steps, of which restoring and encoding the state is the part
+    that grows with every entity held) and the Redis sink."""
+    stage = StageSettings(CONFIG, EventBounds(), 65_536, shards=shards)
+    states: dict[int, Any] = {}
+
+    def stage1(messages: list[bytes]) -> pd.DataFrame:
+        records = KafkaRecords("bench", 0, list(range(len(messages))), list(messages), 0)
+        staged: pd.DataFrame = pa.Table.from_batches(
+            list(staged_batches(records, stage)), STAGE_SCHEMA
+        ).to_pandas()
+        return staged
+
+    def stage2(staged: pd.DataFrame) -> list[pa.RecordBatch]:
+        decisions = []
+        for shard in sorted(staged["shard"].unique()):
+            rows = staged[staged["shard"] == shard]
+            update = update_shard(states.get(shard), rows, stage, int(shard), now)
+            states[shard] = update.state
+            decisions.extend(update.batches())
+        return decisions
+
+    for messages in before:
+        stage2(stage1(messages))
+    timings: dict[str, float] = {}
     began = time.perf_counter()
-    batches = [batch for chunk in chunks for batch in staged_batches(chunk, stage)]
-    staged = pa.Table.from_batches(batches).to_pandas()
+    staged = stage1(batch)
     timings["stage1_validate_resolve_sum"] = time.perf_counter() - began
     began = time.perf_counter()
-    now = stage.now_ms()
-    updates = [
-        update_shard(None, rows, stage, int(shard), now) for shard, rows in staged.groupby("shard")
-    ]
+    decisions = stage2(staged)
     timings["stage2_state_update"] = time.perf_counter() - began
-    decisions = [batch for update in updates for batch in update.batches()]
+    began = time.perf_counter()
+    for state in states.values():
+        if state is not None:
+            Shard.restore(state, stage.shard, now).core.encode_state()
+    timings["state_restore_encode"] = time.perf_counter() - began
     began = time.perf_counter()
     list(write_batches(iter(decisions), SinkSettings.local(redis_server.host, redis_server.port)))
     timings["redis_sink"] = time.perf_counter() - began
-    source.stop()
-    messages = sum(len(chunk.offsets) for chunk in chunks)
-    return {f"{name}_msgs_per_s": round(messages / seconds) for name, seconds in timings.items()}
+    return {f"{name}_ms": round(seconds * 1000) for name, seconds in timings.items()}
 
 
 def main() -> None:

@@ -39,6 +39,7 @@ from streaming.stages import (
     DECISION_SCHEMA,
     STAGE_SCHEMA,
     StageSettings,
+    group_rows,
     update_shard,
 )
 
@@ -183,7 +184,7 @@ def _update_group(
 ) -> Iterator[pd.DataFrame]:
     # Empty frames are dropped first: pandas deprecates their part in the result's dtypes.
     given = [frame for frame in frames if len(frame)] if not state.hasTimedOut else []
-    rows = pd.concat(given, ignore_index=True) if given else _NO_ROWS
+    rows = group_rows(given) if given else _NO_ROWS
     # The batch's time, kept in the checkpoint: a replayed batch fires the same timers.
     now_ms = int(state.getCurrentProcessingTimeMs())
     previous = ShardState(*state.get) if state.exists else None

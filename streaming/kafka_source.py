@@ -77,7 +77,7 @@ log = logging.getLogger(__name__)
 
 #: A read task has at least this many records (unless the batch has fewer): tiny micro-batches
 #: run one task, not one per partition.
-MIN_RECORDS_PER_TASK = 2_000
+MIN_RECORDS_PER_TASK = 100
 #: Records fetched per poll and staged together: large enough that the staging's per-call costs
 #: (pandas, Arrow) vanish per record, small enough to bound a worker's memory.
 RECORDS_PER_CHUNK = 100_000

@@ -26,10 +26,12 @@ from state.shard import ShardState
 from streaming.stages import (
     REJECT,
     REMOTE_LOG,
+    STAGE_SCHEMA,
     TIMERS,
     USAGE,
     KafkaRecords,
     StageSettings,
+    group_rows,
     staged_batches,
     update_shard,
 )
@@ -80,7 +82,20 @@ def batched(values: list[bytes], sizes: list[int]) -> list[bytes]:
     return messages
 
 
-def run_stages(micro_batches: list[list[bytes]]) -> tuple[pd.DataFrame, dict[int, ShardState]]:
+def spark_chunks(rows: pd.DataFrame, size: int) -> list[pd.DataFrame]:
+    """``rows`` as Spark hands a group to the stateful function: in chunks, each converted from
+    Arrow on its own, integer columns with nulls as objects."""
+    return [
+        pa.Table.from_pandas(
+            rows.iloc[first : first + size], schema=STAGE_SCHEMA, preserve_index=False
+        ).to_pandas(integer_object_nulls=True)
+        for first in range(0, len(rows), size)
+    ]
+
+
+def run_stages(
+    micro_batches: list[list[bytes]], chunk_rows: int = 7
+) -> tuple[pd.DataFrame, dict[int, ShardState]]:
     """Both stages over successive micro-batches, as Spark would run them per shard."""
     states: dict[int, ShardState] = {}
     latest: dict[tuple[str, str], dict[Hashable, object]] = {}
@@ -89,7 +104,8 @@ def run_stages(micro_batches: list[list[bytes]]) -> tuple[pd.DataFrame, dict[int
         rows = staged(values, SETTINGS)
         for _, group in rows.groupby("shard"):
             shard = int(group["shard"].iloc[0])
-            update = update_shard(states.get(shard), group, SETTINGS, shard, NOW)
+            chunks = group_rows(spark_chunks(group, chunk_rows))
+            update = update_shard(states.get(shard), chunks, SETTINGS, shard, NOW)
             if update.state is not None:  # the dead-letter group keeps none
                 states[shard] = update.state
             for record in update.rows.to_dict(orient="records"):
@@ -109,16 +125,18 @@ def run_stages(micro_batches: list[list[bytes]]) -> tuple[pd.DataFrame, dict[int
     seed=st.integers(0, 10**6),
     cuts=st.lists(st.integers(1, 299), max_size=4),
     message_sizes=st.lists(st.integers(1, 40), max_size=4),
+    chunk_rows=st.integers(1, 400),
 )
 def test_streaming_stages_reach_the_same_final_decisions_as_replay(
-    seed: int, cuts: list[int], message_sizes: list[int]
+    seed: int, cuts: list[int], message_sizes: list[int], chunk_rows: int
 ) -> None:
-    """Whatever the micro-batch splits, and whether events come one per message or batched."""
+    """Whatever the micro-batch splits, the chunks Spark hands a shard in, and whether events
+    come one per message or batched."""
     values = payloads(seed, 300)
     messages = batched(values, message_sizes)
     bounds = [0, *sorted({cut % len(messages) for cut in cuts}), len(messages)]
     micro_batches = [messages[a:b] for a, b in itertools.pairwise(bounds) if b > a]
-    streamed, _ = run_stages(micro_batches)
+    streamed, _ = run_stages(micro_batches, chunk_rows)
     expected = final_decisions(values, CONFIG)
     key = ["quota", "entity"]
     got = streamed.set_index(key).sort_index()
@@ -126,6 +144,33 @@ def test_streaming_stages_reach_the_same_final_decisions_as_replay(
     assert list(got.index) == list(want.index)
     for column in ("rate", "throttle_ms", "exceeded", "window_ms"):
         assert got[column].tolist() == pytest.approx(want[column].tolist()), column
+
+
+def test_a_shards_chunks_join_into_the_rows_pandas_would_give() -> None:
+    rows = staged(payloads(3, 200), SETTINGS)
+    chunks = spark_chunks(rows, 9)
+    joined = group_rows(chunks)
+    expected = pd.concat(chunks, ignore_index=True)
+    assert list(joined.columns) == list(expected.columns)
+    for name in expected.columns:
+        pd.testing.assert_series_equal(joined[name], expected[name], check_dtype=False, obj=name)
+
+
+def test_a_shards_output_has_no_all_none_object_column() -> None:
+    """Spark concatenates the output frames of a task's shards, and pandas checks each value of
+    an all-None object column one by one: null columns are typed instead."""
+    rows = staged(payloads(4, 200), SETTINGS)
+    parts = [
+        part
+        for _, group in rows.groupby("shard")
+        for part in update_shard(None, group, SETTINGS, int(group["shard"].iloc[0]), NOW).parts
+    ]
+    assert {part["row_type"].iloc[0] for part in parts} >= {USAGE, TIMERS, REJECT}
+    for part in parts:
+        untyped = [
+            name for name in part.columns if part[name].dtype == object and part[name].isna().all()
+        ]
+        assert untyped == [], part["row_type"].iloc[0]
 
 
 def test_idle_entities_leave_the_state_and_late_events_for_them_are_rejected() -> None:
