@@ -328,7 +328,7 @@ class QuotaCore:
         window, samples = table.spec.window_ms, table.spec.samples
         # The partitions of this batch's broker entities as they stood before it (copied: the
         # table updates clocks in place). Numbered after this batch's partitions if not in it.
-        stored_keys, stored_clock, _, _ = table.columns()
+        stored_keys, stored_clock, *_ = table.columns()
         stored_entity = pd.Index(entity_of(stored_keys.to_numpy(object)), dtype=object)
         stored_group = pd.Index(group_names).get_indexer(stored_entity)
         known = np.flatnonzero(stored_group >= 0)

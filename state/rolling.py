@@ -1,22 +1,30 @@
 """Columnar rolling-window byte counters: Kafka's ``Rate`` / ``SimpleRate`` for many entities.
 
 A :class:`RollingTable` holds every entity of one quota type in a shard as a few numpy arrays:
-a ring of ``samples`` aligned event-time samples per entity (which sample each slot holds and its
-bytes) and the entity clock (the largest event time seen). :meth:`RollingTable.record_and_measure`
-applies a batch of events to all its entities at once, in vectorised numpy.
+a ring of ``samples + 1`` aligned event-time samples per entity (which sample each slot holds,
+its bytes and its last event time) and the entity clock (the largest event time seen).
+:meth:`RollingTable.record_and_measure` applies a batch of events to all its entities at once, in
+vectorised numpy.
 
-Semantics (``docs/semantics.md``): per entity and in input order, each event moves the entity
-clock to ``max(clock, ts)``, records its bytes in sample ``ts // window`` unless that sample has
-already left the window (``samples`` samples ending at the clock's sample), then measures the rate
-at the clock: record-then-check, as Kafka does. Processing a stream as one batch or as any split
-into smaller batches gives identical results; tests check this against a scalar model.
+Semantics (``docs/semantics.md``; Kafka 3.8+ ``SampledStat``): per entity and in input order,
+each event moves the entity clock to ``max(clock, ts)`` and adds its bytes to sample
+``ts // window``, then the rate is measured at the clock: record-then-check, as Kafka does. At
+clock ``c`` the samples ``c // window - samples + 1 ..`` count whole; the one before them is
+Kafka's extra "overlapping" sample: it counts while its last event is newer than
+``c - samples * window`` (then it is purged), and ``Rate`` then measures over one more window.
+Older samples are gone for good, and an event that falls into one is not recorded (``late``). A
+sample's bytes and last event time do not depend on the order its events arrive in, so the final
+windows of a batch are those of any arrival order, and processing a stream as one batch or as any
+split into smaller batches gives identical results; tests check both against scalar models.
 
 How a batch is vectorised: events are grouped per entity (stable, so input order is kept), the
 running clock is a segmented cumulative maximum, and every recorded sample (old slots and new
-events) is an *item* alive from the position it is recorded at until the first position whose
-window no longer reaches its sample. The window's byte sum at every position is then the cumulative
-sum of +bytes at each item's start and -bytes at its end, and the oldest retained sample (which
-``SimpleRate`` needs) is found by a search over the sorted (entity, sample) pairs.
+events) is an *item* counted whole from the position it is recorded at until the first position
+whose window no longer reaches its sample. The window's byte sum at every position is then the
+cumulative sum of +bytes at each item's start and -bytes at its end; the extra sample's bytes and
+last event time at each position are a segmented cumulative sum and maximum over its items, looked
+up by (entity, sample). The oldest counted sample (which ``SimpleRate`` needs) is found by a
+search over the sorted (entity, sample) pairs.
 """
 
 from __future__ import annotations
@@ -44,6 +52,11 @@ class WindowSpec:
     samples: int
     window_ms: int
     rule: WindowRule
+
+    @property
+    def slots(self) -> int:
+        """Samples an entity keeps: the window's and Kafka's extra overlapping one."""
+        return self.samples + 1
 
     def __post_init__(self) -> None:
         if self.samples < 1:
@@ -74,14 +87,16 @@ class RollingTable:
         self,
         spec: WindowSpec,
         keys: pd.Index | None = None,
+        *,
         clock: Int64Array | None = None,
         slot_sample: Int64Array | None = None,
         slot_bytes: Int64Array | None = None,
+        slot_last: Int64Array | None = None,
     ) -> None:
         self.spec = spec
         self._keys: pd.Index = keys if keys is not None else pd.Index([], dtype=object)
         size = len(self._keys)
-        shape = (size, spec.samples)
+        shape = (size, spec.slots)
         self._clock: Int64Array = (
             clock if clock is not None else np.full(size, EMPTY, dtype=np.int64)
         )
@@ -91,10 +106,13 @@ class RollingTable:
         self._slot_bytes: Int64Array = (
             slot_bytes if slot_bytes is not None else np.zeros(shape, dtype=np.int64)
         )
-        if self._clock.shape != (size,) or self._slot_sample.shape != shape:
-            raise ValueError("rolling table arrays do not match the number of keys and samples")
-        if self._slot_bytes.shape != shape:
-            raise ValueError("rolling table arrays do not match the number of keys and samples")
+        self._slot_last: Int64Array = (
+            slot_last if slot_last is not None else np.full(shape, EMPTY, dtype=np.int64)
+        )
+        if self._clock.shape != (size,) or any(
+            slots.shape != shape for slots in (self._slot_sample, self._slot_bytes, self._slot_last)
+        ):
+            raise ValueError("rolling table arrays do not match the number of keys and slots")
 
     # ------------------------------------------------------------------ inspection
     def __len__(self) -> int:
@@ -104,19 +122,24 @@ class RollingTable:
     def keys(self) -> pd.Index:
         return self._keys
 
-    def columns(self) -> tuple[pd.Index, Int64Array, Int64Array, Int64Array]:
-        """The raw columns (keys, clock, slot samples, slot bytes); read-only views."""
-        return self._keys, self._clock, self._slot_sample, self._slot_bytes
+    def columns(self) -> tuple[pd.Index, Int64Array, Int64Array, Int64Array, Int64Array]:
+        """The raw columns (keys, clock, slot samples, slot bytes, slot last event times);
+        read-only views."""
+        return self._keys, self._clock, self._slot_sample, self._slot_bytes, self._slot_last
 
-    def retained(self, key: str) -> dict[int, int]:
-        """``{sample index: bytes}`` of the samples still inside ``key``'s window."""
+    def retained(self, key: str) -> dict[int, tuple[int, int]]:
+        """``{sample index: (bytes, last event ms)}`` of the samples ``key`` keeps: those of its
+        window and the overlapping one before them (counted only while its last event is
+        recent)."""
         row = self._keys.get_indexer(pd.Index([key], dtype=object))[0]
         if row < 0 or self._clock[row] == EMPTY:
             return {}
-        low = self._clock[row] // self.spec.window_ms - self.spec.samples + 1
+        low = self._clock[row] // self.spec.window_ms - self.spec.samples
         return {
-            int(sample): int(nbytes)
-            for sample, nbytes in zip(self._slot_sample[row], self._slot_bytes[row], strict=True)
+            int(sample): (int(nbytes), int(last))
+            for sample, nbytes, last in zip(
+                self._slot_sample[row], self._slot_bytes[row], self._slot_last[row], strict=True
+            )
             if sample != EMPTY and sample >= low
         }
 
@@ -149,7 +172,8 @@ class RollingTable:
         return self._record_rows(rows_of_key[event_entity], ts, nbytes)
 
     def evict_idle(self, horizon_ms: int) -> int:
-        """Drop entities whose every sample is out of the window at ``horizon_ms``.
+        """Drop entities whose every sample is purged at ``horizon_ms``: its last event is at
+        least ``samples * window`` old.
 
         Exact as long as no event older than ``horizon_ms`` is recorded later: the dropped
         samples would have been purged before any later measurement. Returns the number dropped.
@@ -157,13 +181,14 @@ class RollingTable:
         if not len(self):
             return 0
         spec = self.spec
-        keep = self._clock // spec.window_ms >= horizon_ms // spec.window_ms - spec.samples + 1
+        keep = self._clock > horizon_ms - spec.samples * spec.window_ms
         dropped = int(len(keep) - np.count_nonzero(keep))
         if dropped:
             self._keys = self._keys[keep]
             self._clock = self._clock[keep]
             self._slot_sample = self._slot_sample[keep]
             self._slot_bytes = self._slot_bytes[keep]
+            self._slot_last = self._slot_last[keep]
         return dropped
 
     # ------------------------------------------------------------------ internals
@@ -177,11 +202,13 @@ class RollingTable:
             self._keys = self._keys.append(pd.Index(new_keys, dtype=object))
             added = len(new_keys)
             self._clock = np.concatenate([self._clock, np.full(added, EMPTY, dtype=np.int64)])
+            shape = (added, self.spec.slots)
             self._slot_sample = np.concatenate(
-                [self._slot_sample, np.full((added, self.spec.samples), EMPTY, dtype=np.int64)]
+                [self._slot_sample, np.full(shape, EMPTY, dtype=np.int64)]
             )
-            self._slot_bytes = np.concatenate(
-                [self._slot_bytes, np.zeros((added, self.spec.samples), dtype=np.int64)]
+            self._slot_bytes = np.concatenate([self._slot_bytes, np.zeros(shape, dtype=np.int64)])
+            self._slot_last = np.concatenate(
+                [self._slot_last, np.full(shape, EMPTY, dtype=np.int64)]
             )
         return rows
 
@@ -219,15 +246,15 @@ class RollingTable:
         spec = self.spec
         samples, window = spec.samples, spec.window_ms
         clock = batch.clock
-        low = clock // window - samples + 1  # lowest sample inside the window, per position
+        low = clock // window - samples + 1  # lowest sample wholly inside the window, per position
         event_sample = batch.ts // window
-        recorded = event_sample >= low
-        keys = _CompositeKeys.build(batch, low, samples)
+        # Kept unless its sample is older than the overlapping one (which may still count).
+        recorded = event_sample >= low - 1
+        keys = _CompositeKeys.build(batch, low - 1, spec.slots)
 
-        # Items: the held slots of each entity (alive from its group's first position) and the
-        # recorded events (alive from their own position).
+        # Items: the held slots of each entity (from its group's first position) and the
+        # recorded events (from their own position).
         slot_sample = self._slot_sample[batch.group_row]
-        slot_bytes = self._slot_bytes[batch.group_row]
         held = slot_sample != EMPTY
         held_group = np.nonzero(held)[0]
         event_positions = np.flatnonzero(recorded)
@@ -235,59 +262,59 @@ class RollingTable:
             group=np.concatenate([held_group, batch.group_id[event_positions]]),
             sample=np.concatenate([slot_sample[held], event_sample[event_positions]]),
             start=np.concatenate([batch.group_start[held_group], event_positions]),
-            nbytes=np.concatenate([slot_bytes[held], batch.nbytes[event_positions]]),
-            first_event=len(held_group),
+            nbytes=np.concatenate(
+                [self._slot_bytes[batch.group_row][held], batch.nbytes[event_positions]]
+            ),
+            last=np.concatenate(
+                [self._slot_last[batch.group_row][held], batch.ts[event_positions]]
+            ),
         )
 
-        # An item leaves the window at the first position of its group whose low exceeds it.
+        # An item counts whole until the first position of its group whose low exceeds it.
         low_key = keys.of(low, batch.group_id)
         end = np.searchsorted(low_key, keys.of(items.sample + 1, items.group), "left")
         end = np.maximum(end, items.start)
         delta = np.zeros(batch.size + 1, dtype=np.int64)
         np.add.at(delta, items.start, items.nbytes)
         np.add.at(delta, end, -items.nbytes)
-        window_bytes = np.cumsum(delta[:-1])
+        overlapping = _Overlapping.at(
+            batch, keys, items, window, low - 1, horizon=clock - samples * window
+        )
+        window_bytes = np.cumsum(delta[:-1]) + np.where(overlapping.counts, overlapping.nbytes, 0)
 
         if spec.rule is WindowRule.RATE:
             # With aligned samples Kafka's padding to (samples - 1) full windows always yields
-            # (samples - 1) windows plus the elapsed part of the current one.
-            window_size = (samples - 1) * window + clock % window
+            # (samples - 1) windows plus the elapsed part of the current one; an overlapping
+            # sample is one window older.
+            window_size = (samples - 1 + overlapping.counts) * window + clock % window
         else:
             alive = end > items.start
-            oldest = _oldest_sample(batch, keys, low_key, items, alive)
+            oldest = np.where(
+                overlapping.counts, low - 1, _oldest_sample(batch, keys, low_key, items, alive)
+            )
             window_size = np.maximum(clock - oldest * window, window)
         window_size = np.maximum(window_size, 1)
 
-        self._store(batch, slot_sample, slot_bytes, items)
+        self._store(batch, items, low[batch.group_last])
         return Measurement(clock, window_bytes, window_size, recorded)
 
-    def _store(
-        self,
-        batch: _GroupedBatch,
-        slot_sample: Int64Array,
-        slot_bytes: Int64Array,
-        items: _Items,
-    ) -> None:
-        """Write back each touched entity's window as it stands after its last event."""
-        samples, window = self.spec.samples, self.spec.window_ms
-        final_clock = batch.clock[batch.group_last]
-        final_low = final_clock // window - samples + 1
-        expired = slot_sample < final_low[:, None]
-        slot_sample[expired] = EMPTY
-        slot_bytes[expired] = 0
-        new = slice(items.first_event, None)
-        group, sample, nbytes = items.group[new], items.sample[new], items.nbytes[new]
-        keep = sample >= final_low[group]
-        group, sample, nbytes = group[keep], sample[keep], nbytes[keep]
-        slot = sample % samples
-        # Distinct samples inside one window never share a slot, so a mismatch is a stale slot.
-        stale = slot_sample[group, slot] != sample
-        slot_sample[group[stale], slot[stale]] = sample[stale]
-        slot_bytes[group[stale], slot[stale]] = 0
-        np.add.at(slot_bytes, (group, slot), nbytes)
+    def _store(self, batch: _GroupedBatch, items: _Items, final_low: Int64Array) -> None:
+        """Write back each touched entity's samples as they stand after its last event."""
+        shape = (len(batch.group_row), self.spec.slots)
+        keep = items.sample >= final_low[items.group] - 1
+        group, sample = items.group[keep], items.sample[keep]
+        # The kept samples of an entity are consecutive, fewer than the slots: never one slot.
+        slot = (group, sample % self.spec.slots)
+        slot_sample = np.full(shape, EMPTY, dtype=np.int64)
+        slot_sample[slot] = sample
+        slot_bytes = np.zeros(shape, dtype=np.int64)
+        np.add.at(slot_bytes, slot, items.nbytes[keep])
+        slot_last = np.full(shape, EMPTY, dtype=np.int64)
+        np.maximum.at(slot_last, slot, items.last[keep])
         self._slot_sample[batch.group_row] = slot_sample
         self._slot_bytes[batch.group_row] = slot_bytes
-        self._clock[batch.group_row] = final_clock
+        self._slot_last[batch.group_row] = slot_last
+        self._clock[batch.group_row] = batch.clock[batch.group_last]
 
 
 @dataclass(frozen=True)
@@ -298,7 +325,69 @@ class _Items:
     sample: Int64Array
     start: Int64Array
     nbytes: Int64Array
-    first_event: int
+    last: Int64Array  # the held slot's last event time, or the event's time
+
+
+@dataclass(frozen=True)
+class _Overlapping:
+    """Per position: the sample just before the window (Kafka's extra one), as recorded by then."""
+
+    nbytes: Int64Array
+    counts: BoolArray  # recorded, with a last event newer than the purge horizon
+
+    @staticmethod
+    def at(
+        batch: _GroupedBatch,
+        keys: _CompositeKeys,
+        items: _Items,
+        window_ms: int,
+        sample: Int64Array,
+        *,
+        horizon: Int64Array,
+    ) -> _Overlapping:
+        """Bytes and whether it counts of ``sample`` (per position) after the items recorded up
+        to that position; a sample counts while its last event is later than ``horizon``."""
+        size = batch.size
+        # Items of samples below every window of their group can never be that sample.
+        reachable = np.flatnonzero(items.sample >= keys.base[items.group])
+        if not len(reachable):
+            return _Overlapping(np.zeros(size, dtype=np.int64), np.zeros(size, dtype=np.bool_))
+        by_pair = keys.of(items.sample[reachable], items.group[reachable])
+        order = reachable[np.lexsort((items.start[reachable], by_pair))]
+        pair = keys.of(items.sample[order], items.group[order])
+        first = np.empty(len(order), dtype=np.bool_)
+        first[:1] = True
+        np.not_equal(pair[1:], pair[:-1], out=first[1:])
+        rank = np.cumsum(first) - 1
+        # Running sums and maxima per (entity, sample): a sample's last event times lie within
+        # one window, so lifting each pair by a window keeps one accumulate for all.
+        nbytes = items.nbytes[order]
+        before = np.cumsum(nbytes) - nbytes
+        running_bytes = np.cumsum(nbytes) - before[np.flatnonzero(first)][rank]
+        sample_start = items.sample[order] * window_ms
+        lift = rank * window_ms
+        running_last = (
+            np.maximum.accumulate(items.last[order] - sample_start + lift) - lift + sample_start
+        )
+        # The last item of the asked pair recorded at or before each position.
+        wanted = keys.of(sample, batch.group_id)
+        block = np.searchsorted(pair, wanted, "left")
+        found = block < len(pair)
+        found[found] = pair[block[found]] == wanted[found]
+        found_rank = np.where(found, rank[np.minimum(block, len(pair) - 1)], 0)
+        positions = np.arange(size, dtype=np.int64)
+        at = (
+            np.searchsorted(
+                rank * (size + 1) + items.start[order], found_rank * (size + 1) + positions, "right"
+            )
+            - 1
+        )
+        found &= at >= block
+        at = np.where(found, at, 0)
+        return _Overlapping(
+            nbytes=np.where(found, running_bytes[at], 0),
+            counts=found & (running_last[at] > horizon),
+        )
 
 
 @dataclass(frozen=True)
@@ -354,7 +443,7 @@ class _GroupedBatch:
 
     def too_wide(self, spec: WindowSpec) -> bool:
         """Whether composite keys for this batch could overflow int64 (then it is split)."""
-        return len(self.group_start) * (self.clock_span + spec.samples + 2) >= _COMPOSITE_LIMIT
+        return len(self.group_start) * (self.clock_span + spec.slots + 2) >= _COMPOSITE_LIMIT
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from state.encoding import StateDecodeError, decode_tables, encode_tables
 from state.quota_types import WindowRule
 from state.rolling import Measurement, RollingTable, WindowSpec
-from tests.oracle import OracleWindow
+from tests.oracle import KafkaRate, Measured, OracleWindow
 
 BASE = 1_700_000_000_000  # epoch ms, a multiple of 1000
 KAFKA = WindowSpec(samples=11, window_ms=1000, rule=WindowRule.RATE)
@@ -49,7 +49,8 @@ def rows(measurement: Measurement) -> list[tuple[int, int, int, bool]]:
     )
 
 
-def oracle_rows(spec: WindowSpec, events: list[Event]) -> list[tuple[int, int, int, bool]]:
+def oracle_rows(spec: WindowSpec, events: list[Event]) -> list[Measured]:
+    """The engine's event-time model, one event at a time."""
     windows: dict[int, OracleWindow] = {}
     result = []
     for event in events:
@@ -57,6 +58,18 @@ def oracle_rows(spec: WindowSpec, events: list[Event]) -> list[tuple[int, int, i
             event.entity, OracleWindow(spec.samples, spec.window_ms, spec.rule)
         )
         result.append(window.record_and_measure(event.ts, event.nbytes))
+    return result
+
+
+def kafka_rows(spec: WindowSpec, events: list[Event], *, aligned: bool) -> list[Measured]:
+    """Kafka's own SampledStat / Rate / SimpleRate, one record at a time (in time order)."""
+    rates: dict[int, KafkaRate] = {}
+    result = []
+    for event in events:
+        rate = rates.setdefault(
+            event.entity, KafkaRate(spec.samples, spec.window_ms, spec.rule, aligned=aligned)
+        )
+        result.append(rate.record_and_measure(event.ts, event.nbytes))
     return result
 
 
@@ -100,8 +113,33 @@ def test_samples_leave_the_window_after_samples_times_window() -> None:
     assert measured.window_bytes.tolist() == [1000, 1000]
     measured = record(table, [Event(0, BASE + 11_000, 0)])
     assert measured.window_bytes.tolist() == [0]
-    # Zero-byte events measure without adding, but they do open their samples.
-    assert table.retained("e0") == {BASE // 1000 + 10: 0, BASE // 1000 + 11: 0}
+    # Zero-byte events measure without adding, but they do open their samples; the purged one
+    # is kept while a late event could still land in it.
+    first = BASE // 1000
+    assert table.retained("e0") == {
+        first: (1000, BASE),
+        first + 10: (0, BASE + 10_999),
+        first + 11: (0, BASE + 11_000),
+    }
+    record(table, [Event(0, BASE + 12_000, 0)])
+    assert first not in table.retained("e0")
+
+
+def test_a_sample_overlapping_the_window_counts_until_its_last_event_is_old() -> None:
+    """Kafka 3.8+ (SampledStat keeps samples + 1): the sample before the window counts, whole,
+    while its last event is less than samples x window old; Rate then measures one more window."""
+    table = RollingTable(KAFKA)
+    measured = record(
+        table,
+        [
+            Event(0, BASE, 1000),
+            Event(0, BASE + 700, 500),
+            Event(0, BASE + 11_000, 0),
+            Event(0, BASE + 11_700, 0),
+        ],
+    )
+    assert measured.window_bytes.tolist() == [1000, 1500, 1500, 0]
+    assert measured.window_size_ms.tolist() == [10_000, 10_700, 11_000, 10_700]
 
 
 def test_an_event_older_than_the_window_is_measured_but_not_recorded() -> None:
@@ -117,7 +155,10 @@ def test_late_event_inside_the_window_counts() -> None:
     measured = record(table, [Event(0, BASE + 5_000, 10), Event(0, BASE + 1_000, 20)])
     assert measured.recorded.tolist() == [True, True]
     assert measured.window_bytes.tolist() == [10, 30]
-    assert table.retained("e0") == {BASE // 1000 + 5: 10, BASE // 1000 + 1: 20}
+    assert table.retained("e0") == {
+        BASE // 1000 + 5: (10, BASE + 5_000),
+        BASE // 1000 + 1: (20, BASE + 1_000),
+    }
 
 
 def test_entities_are_independent() -> None:
@@ -199,6 +240,40 @@ def test_any_batch_split_matches_the_event_at_a_time_model(
     for batch in split(events, [c for c in cuts if c < len(events)]):
         measured += rows(record(table, batch))
     assert measured == oracle_rows(spec, events)
+
+
+@settings(max_examples=400, deadline=None)
+@given(stream=event_streams(), cuts=st.lists(st.integers(0, 80), max_size=8))
+def test_time_ordered_traffic_measures_as_kafka_with_aligned_samples(
+    stream: tuple[WindowSpec, list[Event]], cuts: list[int]
+) -> None:
+    """Records anywhere in their samples, in time order as a broker records them: Kafka's own
+    classes, with each sample starting at its aligned start, give the same numbers."""
+    spec, events = stream
+    events = sorted(events, key=lambda e: e.ts)
+    table = RollingTable(spec)
+    measured = []
+    for batch in split(events, [c for c in cuts if c < len(events)]):
+        measured += rows(record(table, batch))
+    assert measured == kafka_rows(spec, events, aligned=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(stream=event_streams(), cuts=st.lists(st.integers(0, 80), max_size=8))
+def test_records_at_sample_starts_measure_exactly_as_kafka(
+    stream: tuple[WindowSpec, list[Event]], cuts: list[int]
+) -> None:
+    """Where records open their samples at aligned times, aligned sampling is Kafka's own."""
+    spec, events = stream
+    window = spec.window_ms
+    events = sorted(
+        (Event(e.entity, e.ts - e.ts % window, e.nbytes) for e in events), key=lambda e: e.ts
+    )
+    table = RollingTable(spec)
+    measured = []
+    for batch in split(events, [c for c in cuts if c < len(events)]):
+        measured += rows(record(table, batch))
+    assert measured == kafka_rows(spec, events, aligned=False)
 
 
 @settings(max_examples=300, deadline=None)
