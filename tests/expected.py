@@ -10,8 +10,8 @@ from state.config import QuotaConfig
 from state.core import QuotaCore
 from state.events import parse_events
 
-#: Per (table, entity key): the entity's clock and its retained ``{sample: bytes}``.
-WindowState = dict[tuple[str, str], tuple[int | None, dict[int, int]]]
+#: Per (table, entity key): the entity's clock and its kept ``{sample: (bytes, last event ms)}``.
+WindowState = dict[tuple[str, str], tuple[int | None, dict[int, tuple[int, int]]]]
 
 
 def replayed(values: list[bytes], config: QuotaConfig) -> tuple[QuotaCore, pd.DataFrame]:

@@ -73,7 +73,7 @@ def kafka_rows(spec: WindowSpec, events: list[Event], *, aligned: bool) -> list[
     return result
 
 
-def table_state(table: RollingTable) -> dict[str, tuple[int | None, dict[int, int]]]:
+def table_state(table: RollingTable) -> dict[str, tuple[int | None, dict[int, tuple[int, int]]]]:
     return {key: (table.clock_of(key), table.retained(key)) for key in table.keys}
 
 
