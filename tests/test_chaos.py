@@ -203,7 +203,12 @@ def assert_matches_batch_recomputation(
     # Every event lies within the final windows: each client byte is there exactly once.
     events = parse_events(values).accepted
     for kind in ("produce", "fetch"):
-        kept = sum(sum(w.values()) for (table, _), (_, w) in windows.items() if table == kind)
+        kept = sum(
+            nbytes
+            for (table, _), (_, samples) in windows.items()
+            if table == kind
+            for nbytes, _ in samples.values()
+        )
         assert kept == events.loc[events["kind"] == kind, "bytes"].sum() > 0
 
     expected = {
