@@ -1,7 +1,11 @@
 """Which limit applies to whom, vectorised over many entities at once.
 
-Client quotas follow Kafka's eight precedence levels (``docs/semantics.md`` §3): the first level
-with a quota of the asked type wins, and the level also decides who shares the usage counter.
+Client quotas follow Kafka's ``DefaultQuotaCallback`` (``docs/semantics.md`` §3) in its two
+steps. ``quotaMetricTags`` names the usage counter: the first of the eight precedence levels with
+a quota of the asked type decides who shares it, (user, client-id), user or client-id; when only
+one kind of quota is configured for the type, every client is grouped by that kind, the unlimited
+ones too. ``quotaLimit`` then reads the limit from those tags: an empty client-id in the tags
+sends the lookup to the user's levels, whatever level matched.
 """
 
 from __future__ import annotations
@@ -60,6 +64,29 @@ LEVELS = (
 #: Level reported when no level sets the quota: unlimited, one counter per client-id.
 NO_LEVEL = 0
 SHARING_BY_LEVEL = np.array([Sharing.CLIENT] + [level.sharing for level in LEVELS], dtype=np.int64)
+#: ``quotaLimit``: the levels looked up, in order, for the metric tags a counter has.
+_LIMIT_LEVELS = {
+    Sharing.USER_AND_CLIENT: (1, 2, 4, 5),
+    Sharing.USER: (3, 6),
+    Sharing.CLIENT: (7, 8),
+}
+
+
+class _Kind(IntEnum):
+    """``ClientQuotaManager.QuotaTypes``: which kinds of client quota are configured."""
+
+    USER_AND_CLIENT = 1
+    USER = 2
+    CLIENT = 3
+
+
+#: ``quotaMetricTags`` without the walk: none or one kind of quota configured.
+_SINGLE_KIND = {
+    frozenset(): Sharing.CLIENT,
+    frozenset({_Kind.CLIENT}): Sharing.CLIENT,
+    frozenset({_Kind.USER}): Sharing.USER,
+    frozenset({_Kind.USER_AND_CLIENT}): Sharing.USER_AND_CLIENT,
+}
 
 
 def _slot(name: str | None) -> Slot:
@@ -68,13 +95,9 @@ def _slot(name: str | None) -> Slot:
 
 @dataclass(frozen=True)
 class ClientResolution:
-    level: Int64Array  # 1..8, or NO_LEVEL
+    level: Int64Array  # 1..8 (the level whose quota is the limit), or NO_LEVEL
     limit: FloatArray  # bytes/s, inf where unlimited
-
-    @property
-    def sharing(self) -> Int64Array:
-        result: Int64Array = SHARING_BY_LEVEL[self.level]
-        return result
+    sharing: Int64Array  # Sharing: who shares the usage counter (Kafka's metric tags)
 
 
 @dataclass(frozen=True)
@@ -154,10 +177,12 @@ class QuotaResolver:
     def __init__(self, config: QuotaConfig) -> None:
         self.config = config
         self._client_levels: dict[QuotaType, list[_LevelLookup]] = {}
+        self._kinds: dict[QuotaType, set[_Kind]] = {}
         for quota_type in CLIENT_QUOTA_TYPES:
             per_level: dict[int, dict[tuple[str | None, str | None], float]] = {
                 level.number: {} for level in LEVELS
             }
+            kinds: set[_Kind] = set()
             for quota in config.clients:
                 rate = quota.rate_for(quota_type)
                 if rate is None:
@@ -168,21 +193,49 @@ class QuotaResolver:
                     if (level.user, level.client) == (_slot(quota.user), _slot(quota.client_id))
                 )
                 per_level[number][quota.entity] = rate
+                kinds.add(
+                    _Kind.CLIENT
+                    if quota.user is None
+                    else _Kind.USER
+                    if quota.client_id is None
+                    else _Kind.USER_AND_CLIENT
+                )
             self._client_levels[quota_type] = [
                 _LevelLookup(level, per_level[level.number]) for level in LEVELS
             ]
+            self._kinds[quota_type] = kinds
 
     def client(self, quota_type: QuotaType, pairs: ClientPairs) -> ClientResolution:
-        """Precedence level and limit for each distinct (user, client-id) pair."""
+        """Counter sharing, limit and the limit's level for each distinct (user, client-id)
+        pair (users are never empty; a client-id may be)."""
+        limits = [lookup.lookup(pairs) for lookup in self._client_levels[quota_type]]
+        sharing = self._metric_tags(quota_type, limits)
+        empty_client = (pairs.clients == "")[pairs.client_of_pair]
+        # quotaLimit: tags with an empty client-id are the user's (an empty user cannot occur).
+        tags = np.where(empty_client & (sharing == Sharing.USER_AND_CLIENT), Sharing.USER, sharing)
         level = np.full(len(pairs), NO_LEVEL, dtype=np.int64)
         limit = np.full(len(pairs), UNLIMITED)
+        for kind, numbers in _LIMIT_LEVELS.items():
+            # Tags of only an empty client-id find no quota.
+            asks = (tags == kind) & ~(empty_client & (kind == Sharing.CLIENT))
+            for number in reversed(numbers):
+                found = asks & ~np.isnan(limits[number - 1])
+                level[found] = number
+                limit[found] = limits[number - 1][found]
+        return ClientResolution(level=level, limit=limit, sharing=tags)
+
+    def _metric_tags(self, quota_type: QuotaType, limits: list[FloatArray]) -> Int64Array:
+        """``quotaMetricTags``: whose usage each pair's counter holds."""
+        size = len(limits[0])
+        single = _SINGLE_KIND.get(frozenset(self._kinds[quota_type]))
+        if single is not None:
+            return np.full(size, single, dtype=np.int64)
+        matched = np.full(size, NO_LEVEL, dtype=np.int64)
         # Walk from the lowest precedence up so that higher levels overwrite.
-        for lookup in reversed(self._client_levels[quota_type]):
-            found_limit = lookup.lookup(pairs)
-            found = ~np.isnan(found_limit)
-            level[found] = lookup.level.number
-            limit[found] = found_limit[found]
-        return ClientResolution(level=level, limit=limit)
+        for number in range(len(LEVELS), 0, -1):
+            matched[~np.isnan(limits[number - 1])] = number
+        result: Int64Array = SHARING_BY_LEVEL[matched]
+        return result
 
     def broker_limit(self, quota_type: QuotaType, brokers: Int64Array) -> FloatArray:
         """Per-broker override, else the ``<default>`` entry, else unlimited."""

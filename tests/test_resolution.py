@@ -18,26 +18,47 @@ CLIENTS = ["app1", "app2", ""]
 def kafka_precedence(
     config: QuotaConfig, quota_type: QuotaType, user: str, client: str
 ) -> tuple[int, float, Sharing]:
-    """``DefaultQuotaCallback.quotaMetricTags`` + ``quotaLimit``, one entity at a time."""
+    """``DefaultQuotaCallback.quotaMetricTags`` then ``quotaLimit`` of its tags, one entity at a
+    time, transcribed: the level whose quota is the limit, the limit, and the tags' sharing."""
     configured = {
         quota.entity: rate
         for quota in config.clients
         if (rate := quota.rate_for(quota_type)) is not None
     }
-    ladder = [
-        ((user, client), Sharing.USER_AND_CLIENT),
-        ((user, DEFAULT), Sharing.USER_AND_CLIENT),
-        ((user, None), Sharing.USER),
-        ((DEFAULT, client), Sharing.USER_AND_CLIENT),
-        ((DEFAULT, DEFAULT), Sharing.USER_AND_CLIENT),
-        ((DEFAULT, None), Sharing.USER),
-        ((None, client), Sharing.CLIENT),
-        ((None, DEFAULT), Sharing.CLIENT),
-    ]
-    for level, (entity, sharing) in enumerate(ladder, start=1):
+    kinds = {
+        "client" if u is None else "user" if c is None else "user_client" for u, c in configured
+    }
+    if kinds <= {"client"}:
+        tags = ("", client)
+    elif kinds == {"user"}:
+        tags = (user, "")
+    elif kinds == {"user_client"}:
+        tags = (user, client)
+    else:
+        ladder = [
+            ((user, client), (user, client)),
+            ((user, DEFAULT), (user, client)),
+            ((user, None), (user, "")),
+            ((DEFAULT, client), (user, client)),
+            ((DEFAULT, DEFAULT), (user, client)),
+            ((DEFAULT, None), (user, "")),
+        ]
+        tags = next((t for entity, t in ladder if entity in configured), ("", client))
+    tag_user, tag_client = tags
+    lookups: list[tuple[int, tuple[str | None, str | None]]]
+    if tag_user and tag_client:
+        lookups = [(1, (tag_user, tag_client)), (2, (tag_user, DEFAULT))]
+        lookups += [(4, (DEFAULT, tag_client)), (5, (DEFAULT, DEFAULT))]
+        sharing = Sharing.USER_AND_CLIENT
+    elif tag_user:
+        lookups, sharing = [(3, (tag_user, None)), (6, (DEFAULT, None))], Sharing.USER
+    else:
+        lookups = [(7, (None, tag_client)), (8, (None, DEFAULT))] if tag_client else []
+        sharing = Sharing.CLIENT
+    for level, entity in lookups:
         if entity in configured:
             return level, configured[entity], sharing
-    return 0, float("inf"), Sharing.CLIENT
+    return 0, float("inf"), sharing
 
 
 entity_names = st.sampled_from([*NAMES, DEFAULT])

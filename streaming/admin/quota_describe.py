@@ -10,7 +10,7 @@ import numpy as np
 from state.config import DEFAULT, BrokerQuotas, QuotaConfig
 from state.live_config import client_entity_name, decision_mode
 from state.quota_types import CLIENT_QUOTA_TYPES, QuotaType
-from state.resolution import LEVELS, NO_LEVEL, SHARING_BY_LEVEL, ClientPairs, QuotaResolver
+from state.resolution import LEVELS, NO_LEVEL, ClientPairs, QuotaResolver
 from streaming.admin.context import Admin
 from streaming.admin.entities import checked_entity_name, parse_broker_id
 from streaming.admin.errors import EXIT_OK, bad
@@ -107,7 +107,7 @@ def _describe_client(
         exempt = level != NO_LEVEL and math.isinf(limit)
         cluster = config.quota_types.of(quota_type).scope == "cluster"
         counter = client_keys(
-            SHARING_BY_LEVEL[resolution.level],
+            resolution.sharing,
             pairs.users,
             pairs.clients,
             None if cluster or broker is None else np.array([broker], dtype=np.int64),
@@ -121,7 +121,7 @@ def _describe_client(
             "exempt": exempt,
             "mode": decision_mode(config, quota_type, exempt).value,
             "counter": str(counter),
-            "sharing": _SHARING_TEXT[int(SHARING_BY_LEVEL[level])],
+            "sharing": _SHARING_TEXT[int(resolution.sharing[0])],
         }
     return {"user": user, "client_id": client_id, "quotas": quotas}
 
