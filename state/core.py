@@ -10,7 +10,8 @@ and the usage counter (entity) of every event, records the bytes in that type's
   ``partition_wait_ms`` how long the uploading partition's next one waits (``state.copy_fairness``);
 * remote_fetch (KIP-956): ``skip_remote`` when the fetch quota is exceeded;
 * leader / follower replication (KIP-73): no delay; bytes of throttled partitions count (in-sync
-  or not) and ``leave_out`` marks a throttled, out-of-sync replica while the rate is over.
+  or not) and ``leave_out`` marks a throttled, out-of-sync replica while the rate is over. The
+  follower's fetches of unthrottled partitions are not recorded at all: no quota measures them.
 """
 
 from __future__ import annotations
@@ -220,7 +221,15 @@ class QuotaCore:
                 )
                 throttled[rows] = in_list
                 # Only throttled partitions' bytes count toward a replication quota (KIP-73).
+                # The leader records every fetch's throttled share, possibly 0 B; the follower
+                # (ReplicaFetcherThread) records only throttled partitions: its other fetches
+                # are no quota's, and cannot open its window.
                 counted[rows] = np.where(in_list, counted[rows], 0)
+                if quota_type is QuotaType.FOLLOWER_REPLICATION:
+                    unrecorded = rows[~in_list]
+                    quota_codes[unrecorded] = -1
+                    entity_code[unrecorded] = -1
+                    limit[unrecorded] = np.inf
         return pd.DataFrame(
             {
                 "position": columns["position"].astype(np.int64, copy=False),

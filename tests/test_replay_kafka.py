@@ -75,14 +75,94 @@ def test_precedence_picks_the_first_configured_level(replay_cli: ReplayRunner, l
 
 
 def test_no_configured_level_means_unlimited_per_client_id(replay_cli: ReplayRunner) -> None:
+    """With user and client-id quotas both configured, a client no level matches is unlimited
+    and counted per client-id (``quotaMetricTags``' last step)."""
     run = replay_cli(
-        {"clients": [{"user": "bob", "producer_byte_rate": 1}]},
+        {
+            "clients": [
+                {"user": "bob", "producer_byte_rate": 1},
+                {"client_id": "other", "producer_byte_rate": 1},
+            ]
+        },
         [produce("alice", "app1", 10**12, BASE)],
     )
     decision = run.decisions[0]
     assert (decision["level"], decision["limit"], decision["throttle_ms"]) == (None, None, 0)
     assert decision["entity"] == "client-id=app1,broker=1"
     assert decision["exceeded"] is False
+
+
+@pytest.mark.parametrize(
+    ("entry", "counter"),
+    [
+        ({"user": "bob"}, "user=alice"),
+        ({"user": "bob", "client_id": "x"}, "user=alice,client-id={client}"),
+        ({"client_id": "x"}, "client-id={client}"),
+    ],
+)
+def test_unlimited_clients_are_counted_by_the_only_kind_of_quota_configured(
+    replay_cli: ReplayRunner, entry: dict[str, str], counter: str
+) -> None:
+    """``quotaMetricTags``' shortcut: with only user, only (user, client-id) or only client-id
+    quotas, every client's counter (and its reported rate) groups by that kind."""
+    run = replay_cli(
+        {"clients": [{**entry, "producer_byte_rate": 1}]},
+        [produce("alice", "app1", 300, BASE), produce("alice", "app2", 500, BASE + 100)],
+    )
+    assert [d["entity"] for d in run.decisions] == [
+        counter.format(client=client) + ",broker=1" for client in ("app1", "app2")
+    ]
+    assert [d["limit"] for d in run.decisions] == [None, None]
+    shared = counter == "user=alice"
+    assert run.decisions[1]["rate"] == pytest.approx((800 if shared else 500) / 10.1)
+
+
+@pytest.mark.parametrize(
+    ("clients", "expected"),
+    [
+        # Matched at level 2, but the tags (alice, "") take the user's levels: 3 ...
+        (
+            [
+                {"user": "alice", "client_id": DEFAULT, "producer_byte_rate": 100},
+                {"user": "alice", "producer_byte_rate": 500},
+            ],
+            (3, 500, "user=alice"),
+        ),
+        # ... then 6, and with neither the client is unlimited.
+        (
+            [
+                {"user": DEFAULT, "client_id": DEFAULT, "producer_byte_rate": 100},
+                {"user": DEFAULT, "producer_byte_rate": 700},
+            ],
+            (6, 700, "user=alice"),
+        ),
+        (
+            [{"user": "alice", "client_id": DEFAULT, "producer_byte_rate": 100}],
+            (None, None, "user=alice"),
+        ),
+        # Only client-id quotas: the tags ("", "") find no quota at all.
+        ([{"client_id": DEFAULT, "producer_byte_rate": 100}], (None, None, "client-id=")),
+    ],
+)
+def test_an_empty_client_id_takes_its_limit_from_its_metric_tags(
+    replay_cli: ReplayRunner,
+    clients: list[dict[str, Any]],
+    expected: tuple[int | None, int | None, str],
+) -> None:
+    """``ClientQuotaManager.quotaLimit`` reads the limit from the matched tags; a non-empty
+    client-id of the same user keeps the level it matched."""
+    run = replay_cli(
+        {"clients": clients},
+        [produce("alice", "", 10_000, BASE), produce("alice", "app1", 10_000, BASE)],
+    )
+    empty = run.decisions[0]
+    assert (empty["level"], empty["limit"], empty["entity"]) == (
+        expected[0],
+        expected[1],
+        expected[2] + ",broker=1",
+    )
+    named = run.decisions[1]
+    assert named["entity"] != empty["entity"]
 
 
 @pytest.mark.parametrize(
@@ -213,11 +293,37 @@ def test_kip73_lists_apply_per_role_and_broker(replay_cli: ReplayRunner) -> None
         replication(1, "leader", "orders", 0, 2, False, 500, BASE),  # leader rate unlimited
     ]
     run = replay_cli(config, events)
-    assert [(d["quota"], d["throttled"], d["leave_out"]) for d in run.decisions] == [
-        ("follower_replication", False, False),
+    assert [(d["quota"], d.get("throttled"), d.get("leave_out")) for d in run.decisions] == [
+        (None, None, None),  # the follower does not record an unthrottled partition
         ("follower_replication", True, True),
         ("leader_replication", True, False),
     ]
+
+
+def test_kip73_a_follower_records_only_throttled_partitions(replay_cli: ReplayRunner) -> None:
+    """``ReplicaFetcherThread`` records fetched bytes only for throttled partitions: a fetch of
+    an unthrottled one does not open the SimpleRate window, which then starts at the first
+    throttled fetch (one window: 5000 B/s here, not 5000 B over 5 s)."""
+    config = {
+        "brokers": {DEFAULT: {"follower.replication.throttled.rate": 1000}},
+        "topics": {"audit": {"follower.replication.throttled.replicas": "*"}},
+    }
+    events = [
+        replication(2, "follower", "orders", 0, 2, False, 9000, BASE),
+        replication(2, "follower", "audit", 7, 2, False, 5000, BASE + 4000),
+        replication(2, "follower", "orders", 1, 2, False, 9000, BASE + 4500),
+        replication(2, "follower", "audit", 3, 2, False, 0, BASE + 4600),
+    ]
+    run = replay_cli(config, events)
+    assert [d["quota"] for d in run.decisions] == [
+        None,
+        "follower_replication",
+        None,
+        "follower_replication",
+    ]
+    assert [run.decisions[i]["rate"] for i in (1, 3)] == [5000.0, 5000.0]
+    assert [run.decisions[i]["window_ms"] for i in (1, 3)] == [1000, 1000]
+    assert run.decisions[3]["leave_out"] is True
 
 
 def test_zero_byte_events_probe_the_rate(replay_cli: ReplayRunner) -> None:
@@ -241,3 +347,82 @@ def test_entity_names_are_escaped_so_keys_split_back(replay_cli: ReplayRunner) -
         "user=CN%3Da%2CO%3Db,client-id=100%25,broker=1",
         "user=plain,client-id=c,broker=1",
     ]
+
+
+# Kafka's SampledStatTest and RateTest (clients/.../metrics/stats), through replay: a produce
+# quota with the tests' MetricConfig, records of 1 B, and a 0 B record to measure at a time.
+def sampled_config(samples: int, window_s: int) -> dict[str, Any]:
+    return {
+        "quota_types": {"produce": {"samples": samples, "window_ms": window_s * 1000}},
+        "clients": [{"user": "alice", "producer_byte_rate": 10**9}],
+    }
+
+
+def complete_sample(at: int, window_ms: int = 1000) -> list[dict[str, Any]]:
+    """SampledStatTest.completeSample: events at a sample's start and end."""
+    return [produce("alice", "a", 1, at), produce("alice", "a", 1, at + window_ms - 1)]
+
+
+@pytest.mark.parametrize(
+    ("events", "measured_at", "window_bytes", "window_ms"),
+    [
+        # testSampleIsPurgedIfDoesntOverlap: 2 x 1 s, measured 2.5 s after the sample.
+        (complete_sample(BASE), BASE + 3500, 0, 1500),
+        # testSampleIsKeptIfOverlaps: measured 1.5 s after it, its last event is 1.501 s old.
+        (complete_sample(BASE), BASE + 2500, 2, 2500),
+        # testSampleIsKeptIfOverlapsAndExtra: three samples at 2.2 s, the first one overlapping.
+        (
+            [
+                *complete_sample(BASE),
+                *complete_sample(BASE + 1100),
+                produce("alice", "a", 1, BASE + 2200),
+            ],
+            BASE + 2200,
+            5,
+            2200,
+        ),
+    ],
+)
+def test_sampled_stat_keeps_a_sample_while_its_last_event_overlaps_the_window(
+    replay_cli: ReplayRunner,
+    events: list[dict[str, Any]],
+    measured_at: int,
+    window_bytes: int,
+    window_ms: int,
+) -> None:
+    run = replay_cli(sampled_config(2, 1), [*events, produce("alice", "a", 0, measured_at)])
+    last = run.decisions[-1]
+    assert last["window_ms"] == window_ms
+    assert last["rate"] == pytest.approx(window_bytes / window_ms * 1000)
+
+
+@pytest.mark.parametrize(("samples", "window_s"), [(1, 1), (1, 11), (11, 1), (11, 11)])
+def test_rate_with_no_prior_samples_assumes_samples_minus_one_empty_ones(
+    replay_cli: ReplayRunner, samples: int, window_s: int
+) -> None:
+    """RateTest.testRateWithNoPriorAvailableSamples: 50 B, measured just before the window ends
+    (the record opens its sample: at an aligned time here)."""
+    measured = window_s * 1000 - 1
+    start = BASE - BASE % (window_s * 1000)
+    run = replay_cli(
+        sampled_config(samples, window_s),
+        [produce("alice", "a", 50, start), produce("alice", "a", 0, start + measured)],
+    )
+    expected = 50 / (measured / 1000 + (samples - 1) * window_s)
+    assert run.decisions[-1]["rate"] == pytest.approx(expected, abs=1e-6)
+
+
+def test_rate_is_consistent_after_the_first_window(replay_cli: ReplayRunner) -> None:
+    """RateTest.testRateIsConsistentAfterTheFirstWindow: an event every ~100 ms, a 101 ms gap,
+    then every rate measured in the second window is 10-11 events/s (here bytes/s)."""
+    steps = [0, 99, *[100] * 9]
+    events, now = [], BASE
+    for window_start in (0, 1):
+        now += 101 * window_start
+        for step in steps:
+            now += step
+            events.append(produce("alice", "a", 1, now))
+    run = replay_cli(sampled_config(2, 1), events)
+    second = [d["rate"] for d in run.decisions[len(steps) :]]
+    assert len(second) == len(steps)
+    assert all(10 <= rate <= 11 for rate in second), second
