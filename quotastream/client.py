@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, cast
 
 import pandas as pd
@@ -22,7 +22,7 @@ from quotastream.keys import (
 from state.config import QuotaConfig
 from state.core import QuotaCore
 from state.events import parse_events
-from state.remote_log import retention_breach
+from state.leader_epochs import breach
 from state.throttle_timers import TimerStats
 
 
@@ -75,22 +75,43 @@ class RemoteLog:
 
     topic: str
     partition: int
-    total: int  # bytes in remote storage, all leader epochs
-    epochs: dict[int, int]  # leader epoch -> bytes
-    segments: list[tuple[str, int, int]]  # (segment id, leader epoch, bytes), oldest first
+    total: int  # RemoteLogSizeBytes: bytes in remote storage, all leader epochs
+    epochs: dict[int, int]  # leader epoch -> bytes of the segments listed under it
+    segments: list[tuple[str, int, int]]  # (segment id, leader epoch, bytes), oldest copy first
+    #: The size retention counts: within the reported lineage (all live segments without one).
+    retention_bytes: int = 0
+    #: The cleaner's walk: (segment id, bytes, within the lineage), in order.
+    retention_walk: list[tuple[str, int, bool]] = field(default_factory=list)
+    #: The lineage the broker last reported: (leader epoch, first offset), or None.
+    lineage: list[tuple[int, int]] | None = None
 
     def size(self, leader_epoch: int) -> int:
         """``remoteLogSize(partition, leaderEpoch)``: 0 for an epoch with no remote segments."""
         return self.epochs.get(leader_epoch, 0)
 
     def retention_breach(self, retention_bytes: int, local_only_bytes: int) -> list[str]:
-        """The oldest segments that size-based retention deletes (Kafka's rule)."""
-        return retention_breach(
-            [segment for segment, _, _ in self.segments],
-            [size for _, _, size in self.segments],
-            self.total,
-            local_only_bytes,
-            retention_bytes,
+        """The segments size-based retention deletes, in order (Kafka's walk)."""
+        return breach(self.retention_walk, self.retention_bytes, local_only_bytes, retention_bytes)
+
+    @staticmethod
+    def of(document: dict[str, Any]) -> RemoteLog:
+        """From the engine's document (one written before lineages counts every segment)."""
+        segments = [(str(s), int(e), int(b)) for s, e, b in document["segments"]]
+        retention = document.get("retention") or {
+            "lineage": None,
+            "bytes": document["total"],
+            "walk": [[segment, size, True] for segment, _, size in segments],
+        }
+        lineage = retention["lineage"]
+        return RemoteLog(
+            str(document["topic"]),
+            int(document["partition"]),
+            int(document["total"]),
+            {int(epoch): int(size) for epoch, size in document["epochs"].items()},
+            segments,
+            int(retention["bytes"]),
+            [(str(s), int(b), bool(w)) for s, b, w in retention["walk"]],
+            None if lineage is None else [(int(e), int(o)) for e, o in lineage],
         )
 
 
@@ -161,14 +182,7 @@ class QuotaClient:
         if raw is None:
             return RemoteLog(topic, partition, 0, {}, [])
         assert isinstance(raw, bytes)
-        document = json.loads(raw)
-        return RemoteLog(
-            topic,
-            partition,
-            int(document["total"]),
-            {int(epoch): int(size) for epoch, size in document["epochs"].items()},
-            [(str(s), int(e), int(b)) for s, e, b in document["segments"]],
-        )
+        return RemoteLog.of(json.loads(raw))
 
     def timer_counts(self) -> TimerStats:
         """Throttle timers summed over the engine's shards (as each last reported)."""

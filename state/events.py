@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from operator import attrgetter
@@ -37,6 +37,7 @@ class EventKind(StrEnum):
     REMOTE_FETCH = "remote_fetch"
     REPLICATION = "replication"
     REMOTE_SEGMENT = "remote_segment"
+    LEADER_EPOCHS = "leader_epochs"
 
 
 class RejectReason(StrEnum):
@@ -61,6 +62,10 @@ Int64 = Annotated[int, Meta(ge=-(2**63), le=_INT64_MAX)]
 Count = Annotated[int, Meta(ge=1, le=_INT64_MAX)]
 BrokerId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
 Partition = Annotated[int, Meta(ge=0, le=2**31 - 1)]
+Offset = Annotated[int, Meta(ge=0, le=_INT64_MAX)]
+LeaderEpoch = Annotated[int, Meta(ge=0, le=2**31 - 1)]
+#: Leader epoch -> its first offset (Kafka's ``segmentLeaderEpochs`` / leader-epoch checkpoint).
+EpochOffsets = Annotated[dict[LeaderEpoch, Offset], Meta(min_length=1, max_length=10_000)]
 User = Annotated[str, Meta(min_length=1, max_length=1024)]
 ClientId = Annotated[str, Meta(max_length=1024)]
 Topic = Annotated[str, Meta(max_length=1024)]
@@ -106,9 +111,23 @@ class RemoteSegment(_Event, tag="remote_segment", kw_only=True):
     broker: BrokerId
     topic: Topic
     partition: Partition
-    leader_epoch: Annotated[int, Meta(ge=0, le=2**31 - 1)]
+    leader_epoch: LeaderEpoch  # the segment's last epoch
     segment_id: Annotated[str, Meta(min_length=1, max_length=256)]
     state: Literal["copy_finished", "delete_finished"]
+    #: Every epoch of the segment's records with its first offset (default: leader_epoch).
+    segment_leader_epochs: EpochOffsets | None = None
+    end_offset: Offset | None = None
+
+
+class LeaderEpochs(_Event, tag="leader_epochs", kw_only=True):
+    """A partition's leader-epoch lineage as its leader has it (KIP-852's retention needs it)."""
+
+    bytes: Int64 = 0
+    broker: BrokerId
+    topic: Topic
+    partition: Partition
+    epochs: EpochOffsets
+    log_end_offset: Offset
 
 
 _EVENT_TYPES: tuple[type[_Event], ...] = (
@@ -118,9 +137,10 @@ _EVENT_TYPES: tuple[type[_Event], ...] = (
     RemoteFetch,
     Replication,
     RemoteSegment,
+    LeaderEpochs,
 )
 _DECODER = msgspec.json.Decoder(
-    Produce | Fetch | RemoteCopy | RemoteFetch | Replication | RemoteSegment
+    Produce | Fetch | RemoteCopy | RemoteFetch | Replication | RemoteSegment | LeaderEpochs
 )
 
 #: Columns of an accepted-events frame, with the value that stands for "absent in this kind".
@@ -142,6 +162,11 @@ EVENT_COLUMNS: dict[str, Any] = {
     "leader_epoch": -1,
     "segment_id": None,
     "state": None,
+    # remote_segment: its epochs (None: leader_epoch alone); leader_epochs: the lineage. As
+    # state.leader_epochs.Epochs, sorted (epoch, first offset) pairs.
+    "epochs": None,
+    "end_offset": -1,  # remote_segment, -1 unknown
+    "log_end_offset": -1,  # leader_epochs
 }
 _INT_COLUMNS = (
     "position",
@@ -153,6 +178,8 @@ _INT_COLUMNS = (
     "partition",
     "replica",
     "leader_epoch",
+    "end_offset",
+    "log_end_offset",
 )
 _NULLABLE_STRINGS = ("user", "client_id", "topic", "segment_id", "state")
 
@@ -255,7 +282,7 @@ class _Split:
 
 _BATCHED = msgspec.json.Decoder(list[msgspec.Raw])
 _EVENTS = msgspec.json.Decoder(
-    list[Produce | Fetch | RemoteCopy | RemoteFetch | Replication | RemoteSegment]
+    list[Produce | Fetch | RemoteCopy | RemoteFetch | Replication | RemoteSegment | LeaderEpochs]
 )
 _JSON_WHITESPACE = b" \t\r\n"
 
@@ -426,10 +453,29 @@ _ROLE_CODE = {role: code for code, role in enumerate(ROLE_DTYPE.categories)}
 _COLUMN_DTYPE: dict[str, Any] = {
     **dict.fromkeys(_INT_COLUMNS, np.int64),
     **dict.fromkeys(_NULLABLE_STRINGS, object),
+    "epochs": object,
     "in_sync": np.bool_,
     "kind": np.int8,  # category codes
     "role": np.int8,  # category codes, -1 where absent
 }
+
+
+#: Columns filled from a field of another name.
+_FIELD_OF_COLUMN: dict[tuple[type[_Event], str], str] = {
+    (RemoteSegment, "epochs"): "segment_leader_epochs"
+}
+
+
+def _sorted_pairs(epochs: dict[int, int]) -> tuple[tuple[int, int], ...]:
+    return tuple(sorted(epochs.items()))
+
+
+def _array(values: Iterable[Any], dtype: Any, count: int) -> npt.NDArray[Any]:
+    if dtype is not object:
+        return np.fromiter(values, dtype=dtype, count=count)
+    array = np.empty(count, dtype=object)
+    array[:] = list(values)
+    return array
 
 
 def _columns(decoded: dict[type[_Event], _OfKind]) -> pd.DataFrame:
@@ -451,13 +497,18 @@ def _columns(decoded: dict[type[_Event], _OfKind]) -> pd.DataFrame:
                 parts[column].append(np.full(count, -1, dtype=np.int64))
                 continue
             dtype = _COLUMN_DTYPE[column]
-            if column not in fields:
+            field = _FIELD_OF_COLUMN.get((event_type, column), column)
+            if field not in fields:
                 parts[column].append(np.full(count, -1 if column == "role" else absent, dtype))
                 continue
-            values = map(attrgetter(column), events)
+            values: Iterable[Any] = map(attrgetter(field), events)
             if column == "role":
                 values = map(_ROLE_CODE.__getitem__, values)
-            parts[column].append(np.fromiter(values, dtype=dtype, count=count))
+            elif column == "end_offset":
+                values = (-1 if value is None else value for value in values)
+            elif column == "epochs":
+                values = (None if value is None else _sorted_pairs(value) for value in values)
+            parts[column].append(_array(values, dtype, count))
     if not parts["position"]:
         return empty_events()
     positions = np.concatenate(parts["position"])
@@ -506,6 +557,12 @@ def _check_values(
             f"ts must be epoch milliseconds in [{bounds.min_ts_ms}, {bounds.max_ts_ms}]",
         ),
         (RejectReason.INVALID_TOPIC, ~topic_ok, "topic is not a legal Kafka topic name"),
+        (
+            RejectReason.INVALID_VALUE,
+            _bad_epochs(accepted),
+            "leader epochs must start at non-decreasing offsets, and a segment's leader_epoch "
+            "must be its last epoch",
+        ),
     ]
     bad = np.zeros(len(accepted), dtype=np.bool_)
     rows = []
@@ -526,6 +583,23 @@ def _check_values(
     return accepted, rejected
 
 
+def _bad_epochs(accepted: pd.DataFrame) -> npt.NDArray[np.bool_]:
+    """Per event: epochs (a segment's or a lineage) whose offsets decrease, or a segment whose
+    ``leader_epoch`` is not the last of its epochs."""
+    epochs = accepted["epochs"].to_numpy()
+    bad = np.zeros(len(accepted), dtype=np.bool_)
+    listed = np.flatnonzero(pd.notna(epochs))
+    segment = (accepted["kind"] == EventKind.REMOTE_SEGMENT).to_numpy()
+    leader_epoch = accepted["leader_epoch"].to_numpy()
+    for row in listed.tolist():
+        pairs = epochs[row]
+        offsets = [offset for _, offset in pairs]
+        bad[row] = offsets != sorted(offsets) or (
+            bool(segment[row]) and pairs[-1][0] != leader_epoch[row]
+        )
+    return bad
+
+
 def _failed_values(
     accepted: pd.DataFrame, reason: RejectReason, rows: np.ndarray[Any, np.dtype[np.bool_]]
 ) -> list[Any]:
@@ -533,5 +607,7 @@ def _failed_values(
         RejectReason.NEGATIVE_BYTES: "bytes",
         RejectReason.TS_OUT_OF_BOUNDS: "ts",
         RejectReason.INVALID_TOPIC: "topic",
+        RejectReason.INVALID_VALUE: "epochs",
     }[reason]
-    return list(accepted[column].to_numpy()[rows].tolist())
+    values = accepted[column].to_numpy()[rows].tolist()
+    return [dict(value) if column == "epochs" else value for value in values]

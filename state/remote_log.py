@@ -21,9 +21,14 @@ of its segment; :meth:`RemoteLogSizes.evict_tombstones` forgets tombstones older
 That is exact only while the engine rejects every event older than the same horizon (the event
 validator's ``max_past_ms``): a copy event of a forgotten segment would make it live again.
 
-Segments are ordered oldest first by the event time of their ``copy_finished``, ties broken by
-``segment_id``; :func:`retention_breach` walks them in that order as Kafka's
-``RemoteLogManager`` does for ``retention.bytes``.
+A segment lists its leader epochs with their first offsets (``segmentLeaderEpochs``; one epoch
+from offset 0 when the event gives none) and is counted under each of them by :meth:`size`, as
+``RemoteLogMetadataManager.remoteLogSize`` does. ``leader_epochs`` reports give each partition its
+lineage (the broker's leader-epoch checkpoint and log end offset; the newest report wins): then
+:meth:`RemoteLogSizes.retention` sizes and orders the segments as Kafka's ``RemoteLogManager``
+does for ``retention.bytes`` (``state/leader_epochs.py``), counting only segments within the
+lineage. Without a report, every live segment counts, oldest copy first (by the event time of
+its ``copy_finished``, ties broken by ``segment_id``).
 
 Cost. Segment attributes are numpy columns (grown by doubling); each partition keeps its running
 totals per epoch, the ids of its live segments and a dict from segment id to row. A batch is
@@ -35,7 +40,7 @@ touch the totals: O(1) amortised per event, and size queries are dict look-ups. 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -44,12 +49,16 @@ import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 
+from state.leader_epochs import Epochs, RemoteSegment, Retention, breach, epochs_of, retention
+
 Int64Array = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 ObjectArray = npt.NDArray[np.object_]
 
 COPY_FINISHED = "copy_finished"
 DELETE_FINISHED = "delete_finished"
+#: The ``state`` of a row that reports a partition's leader-epoch lineage (``leader_epochs``).
+LINEAGE = "leader_epochs"
 
 #: ``copied_at`` of a tombstone whose ``copy_finished`` never arrived.
 NOT_COPIED = np.iinfo(np.int64).min
@@ -57,11 +66,24 @@ _NO_EVENT = np.iinfo(np.int64).min
 
 #: Columns of the frame :meth:`RemoteLogSizes.apply` returns.
 CHANGE_COLUMNS = ("topic", "partition", "remote_bytes", "live_segments")
-EVENT_COLUMNS = ("ts", "topic", "partition", "leader_epoch", "segment_id", "bytes", "state")
+EVENT_COLUMNS = (
+    "ts",
+    "topic",
+    "partition",
+    "leader_epoch",
+    "segment_id",
+    "bytes",
+    "state",  # copy_finished, delete_finished, or LINEAGE
+    "epochs",  # Epochs: a segment's segmentLeaderEpochs (None: its leader_epoch from 0), a lineage
+    "end_offset",  # a segment's last offset, -1 unknown
+    "log_end_offset",  # a lineage report's log end offset
+)
 
 _INT32_MAX = 2**31 - 1
-_FORMAT = b"quotastream.remote_log.1"
-_SCHEMA = pa.schema(
+_FORMAT = b"quotastream.remote_log.2"
+_FORMAT_1 = b"quotastream.remote_log.1"  # no segment epochs, end offsets or lineage
+_EPOCHS = pa.list_(pa.struct([("epoch", pa.int32()), ("offset", pa.int64())]))
+_SCHEMA_1 = pa.schema(
     [
         ("topic", pa.dictionary(pa.int32(), pa.string())),
         ("partition", pa.int32()),
@@ -73,47 +95,13 @@ _SCHEMA = pa.schema(
         ("live", pa.bool_()),
     ]
 )
+_SCHEMA = _SCHEMA_1.append(pa.field("epochs", _EPOCHS)).append(pa.field("end_offset", pa.int64()))
 
 _ArrayT = TypeVar("_ArrayT", bound=npt.NDArray[Any])
 
 
 class RemoteLogDecodeError(ValueError):
     """Bytes that are not encoded remote log sizes of a version this code reads."""
-
-
-def retention_breach(
-    segment_ids: Sequence[str],
-    sizes: npt.ArrayLike,
-    remote_total: int,
-    local_only_bytes: int,
-    retention_bytes: int,
-) -> list[str]:
-    """Ids of the remote segments that size-based retention deletes, oldest first.
-
-    ``segment_ids`` and ``sizes`` list a partition's live remote segments oldest first;
-    ``remote_total`` is its remote log size and ``local_only_bytes`` the size of its segments not
-    yet copied. As Kafka's ``RemoteLogManager``: nothing breaches unless ``retention_bytes`` is
-    set (``-1`` disables it) and ``local_only_bytes + remote_total > retention_bytes``. Then, with
-    ``remaining`` the breach, segments are taken oldest first while ``remaining > 0`` and
-    ``remaining - size >= 0`` (subtracting each one taken), and the walk stops at the first segment
-    that is not taken: a big old segment protects the younger ones behind it.
-    """
-    nbytes = np.asarray(sizes, dtype=np.int64)
-    if nbytes.ndim != 1 or len(nbytes) != len(segment_ids):
-        raise ValueError("segment_ids and sizes must be flat and of the same length")
-    if (nbytes < 0).any() or remote_total < 0 or local_only_bytes < 0:
-        raise ValueError("segment sizes, remote_total and local_only_bytes must be >= 0")
-    if retention_bytes < 0:
-        return []
-    breach = local_only_bytes + remote_total - retention_bytes
-    if breach <= 0:
-        return []
-    # Sizes are >= 0, so the walk's condition holds on a prefix: the segments whose cumulative
-    # size fits in the breach, up to and including the one that makes ``remaining`` reach 0.
-    cumulative = np.cumsum(nbytes)
-    fits = int(np.searchsorted(cumulative, breach, side="right"))
-    before_zero = int(np.searchsorted(cumulative, breach, side="left")) + 1
-    return list(segment_ids[: min(fits, before_zero)])
 
 
 @dataclass(slots=True)
@@ -127,23 +115,28 @@ class _Partition:
     epoch_segments: dict[int, int] = field(default_factory=dict)
     live: set[str] = field(default_factory=set)
     rows: dict[str, int] = field(default_factory=dict)  # segment id -> row, tombstones too
+    #: The newest ``leader_epochs`` report: (ts, log end offset, lineage), or None.
+    lineage: tuple[int, int, Epochs] | None = None
 
-    def add(self, segment_id: str, epoch: int, nbytes: int) -> None:
+    def add(self, segment_id: str, epochs: Epochs, nbytes: int) -> None:
         self.total += nbytes
-        self.epoch_bytes[epoch] = self.epoch_bytes.get(epoch, 0) + nbytes
-        self.epoch_segments[epoch] = self.epoch_segments.get(epoch, 0) + 1
+        # remoteLogSize(partition, epoch) lists a segment under each of its epochs.
+        for epoch, _ in epochs:
+            self.epoch_bytes[epoch] = self.epoch_bytes.get(epoch, 0) + nbytes
+            self.epoch_segments[epoch] = self.epoch_segments.get(epoch, 0) + 1
         self.live.add(segment_id)
 
-    def remove(self, segment_id: str, epoch: int, nbytes: int) -> None:
+    def remove(self, segment_id: str, epochs: Epochs, nbytes: int) -> None:
         self.total -= nbytes
-        left = self.epoch_segments[epoch] - 1
-        if left:
-            self.epoch_segments[epoch] = left
-            self.epoch_bytes[epoch] -= nbytes
-        else:
-            # An epoch without live segments is unknown again (size 0), and takes no memory.
-            del self.epoch_segments[epoch]
-            del self.epoch_bytes[epoch]
+        for epoch, _ in epochs:
+            left = self.epoch_segments[epoch] - 1
+            if left:
+                self.epoch_segments[epoch] = left
+                self.epoch_bytes[epoch] -= nbytes
+            else:
+                # An epoch without live segments is unknown again (size 0), and takes no memory.
+                del self.epoch_segments[epoch]
+                del self.epoch_bytes[epoch]
         self.live.discard(segment_id)
 
 
@@ -158,6 +151,8 @@ class _Columns:
     copied_at: Int64Array
     last_ts: Int64Array
     live: BoolArray
+    epochs: ObjectArray  # Epochs
+    end_offset: Int64Array
     count: int
 
     @staticmethod
@@ -170,6 +165,8 @@ class _Columns:
             copied_at=np.zeros(capacity, dtype=np.int64),
             last_ts=np.zeros(capacity, dtype=np.int64),
             live=np.zeros(capacity, dtype=np.bool_),
+            epochs=np.full(capacity, None, dtype=object),
+            end_offset=np.zeros(capacity, dtype=np.int64),
             count=0,
         )
 
@@ -177,9 +174,12 @@ class _Columns:
         self,
         partition_id: Int64Array,
         segment_id: ObjectArray,
+        *,
         epoch: Int64Array,
         nbytes: Int64Array,
         copied_at: Int64Array,
+        epochs: ObjectArray,
+        end_offset: Int64Array,
     ) -> Int64Array:
         """Add rows (not live yet, no event time yet); returns their row numbers."""
         start, added = self.count, len(partition_id)
@@ -193,6 +193,8 @@ class _Columns:
             self.copied_at = _grown(self.copied_at, capacity)
             self.last_ts = _grown(self.last_ts, capacity)
             self.live = _grown(self.live, capacity)
+            self.epochs = _grown(self.epochs, capacity)
+            self.end_offset = _grown(self.end_offset, capacity)
         rows = slice(start, needed)
         self.partition_id[rows] = partition_id
         self.segment_id[rows] = segment_id
@@ -201,6 +203,8 @@ class _Columns:
         self.copied_at[rows] = copied_at
         self.last_ts[rows] = _NO_EVENT
         self.live[rows] = False
+        self.epochs[rows] = epochs
+        self.end_offset[rows] = end_offset
         self.count = needed
         return np.arange(start, needed, dtype=np.int64)
 
@@ -215,6 +219,8 @@ class _Columns:
             copied_at=self.copied_at[used][keep],
             last_ts=self.last_ts[used][keep],
             live=self.live[used][keep],
+            epochs=self.epochs[used][keep],
+            end_offset=self.end_offset[used][keep],
             count=int(np.count_nonzero(keep)),
         )
 
@@ -239,7 +245,8 @@ class RemoteLogSizes:
         return self._columns.count - self._live_count
 
     def size(self, topic: str, partition: int, leader_epoch: int) -> int:
-        """KIP-852 ``remoteLogSize``: bytes of the live segments of that epoch, 0 if none."""
+        """KIP-852 ``remoteLogSize``: bytes of the live segments listed under that epoch (a
+        segment spanning several epochs under each), 0 if none."""
         state = self._partition(topic, partition)
         return 0 if state is None else state.epoch_bytes.get(leader_epoch, 0)
 
@@ -255,7 +262,8 @@ class RemoteLogSizes:
 
     def live_segments(self, topic: str, partition: int) -> pd.DataFrame:
         """The partition's live segments oldest first: ``segment_id``, ``leader_epoch``,
-        ``bytes``, ``copied_at`` (event time of the copy, epoch ms)."""
+        ``bytes``, ``copied_at`` (event time of the copy, epoch ms), ``epochs`` (its
+        :data:`~state.leader_epochs.Epochs`) and ``end_offset`` (-1 unknown)."""
         state = self._partition(topic, partition) or _Partition(topic, partition)
         rows = np.fromiter(
             (state.rows[segment_id] for segment_id in state.live),
@@ -270,8 +278,37 @@ class RemoteLogSizes:
                 "leader_epoch": columns.epoch[rows],
                 "bytes": columns.nbytes[rows],
                 "copied_at": columns.copied_at[rows],
+                "epochs": columns.epochs[rows],
+                "end_offset": columns.end_offset[rows],
             }
         )
+
+    def lineage(self, topic: str, partition: int) -> tuple[int, Epochs] | None:
+        """The newest reported (log end offset, lineage) of the partition, or None."""
+        state = self._partition(topic, partition)
+        if state is None or state.lineage is None:
+            return None
+        _, log_end_offset, lineage = state.lineage
+        return log_end_offset, lineage
+
+    def retention(self, topic: str, partition: int) -> Retention:
+        """What size-based retention counts and walks (``state/leader_epochs.py``): with a
+        reported lineage, Kafka's; without, every live segment, oldest copy first."""
+        live = self.live_segments(topic, partition)
+        segments = [
+            RemoteSegment(str(segment_id), int(nbytes), epochs, int(end_offset))
+            for segment_id, nbytes, epochs, end_offset in zip(
+                live["segment_id"], live["bytes"], live["epochs"], live["end_offset"], strict=True
+            )
+        ]
+        reported = self.lineage(topic, partition)
+        if reported is None:
+            return Retention(
+                order=tuple((segment, True) for segment in segments),
+                size=self.partition_total(topic, partition),
+            )
+        log_end_offset, lineage = reported
+        return retention(segments, lineage, log_end_offset)
 
     def segments(self) -> pd.DataFrame:
         """Every remembered segment, live or tombstone, in storage order (for inspection).
@@ -301,27 +338,54 @@ class RemoteLogSizes:
     def retention_breach(
         self, topic: str, partition: int, local_only_bytes: int, retention_bytes: int
     ) -> list[str]:
-        """:func:`retention_breach` for one partition's live segments."""
-        live = self.live_segments(topic, partition)
-        return retention_breach(
-            live["segment_id"].tolist(),
-            live["bytes"].to_numpy(dtype=np.int64),
-            self.partition_total(topic, partition),
-            local_only_bytes,
-            retention_bytes,
-        )
+        """Ids of the segments size-based retention deletes (:func:`state.leader_epochs.breach`
+        over :meth:`retention`)."""
+        sized = self.retention(topic, partition)
+        walk = [(segment.segment_id, segment.size, within) for segment, within in sized.order]
+        return breach(walk, sized.size, local_only_bytes, retention_bytes)
 
     # ------------------------------------------------------------------ updates
     def apply(self, events: pd.DataFrame) -> pd.DataFrame:
-        """Apply a batch of ``remote_segment`` events in input order; the partitions it changed.
+        """Apply a batch of ``remote_segment`` and ``leader_epochs`` events in input order; the
+        partitions it changed.
 
         ``events`` has :data:`EVENT_COLUMNS` (others are ignored). The result has one row per
-        partition whose set of live segments changed, sorted, with :data:`CHANGE_COLUMNS`: its
-        remote log size and live segment count after the batch.
+        partition whose set of live segments or lineage changed, sorted, with
+        :data:`CHANGE_COLUMNS`: its remote log size and live segment count after the batch.
         """
+        missing = [name for name in EVENT_COLUMNS if name not in events.columns]
+        if missing:
+            raise ValueError(f"remote segment events lack columns {missing}")
+        is_lineage = np.asarray(events["state"].to_numpy(dtype=object) == LINEAGE, np.bool_)
+        reported = self._report_lineage(events[is_lineage]) if is_lineage.any() else set()
+        changed = reported | self._apply_segments(events[~is_lineage])
+        return _changes([self._partitions[i] for i in sorted(changed)])
+
+    def _report_lineage(self, reports: pd.DataFrame) -> set[int]:
+        """Keeps each partition's newest lineage report (by ts, then log end offset, then the
+        lineage itself: any order of the same reports keeps the same); the ids that changed."""
+        partition_id = self._partition_ids_of(
+            reports["topic"].to_numpy(dtype=object), reports["partition"].to_numpy(dtype=np.int64)
+        )
+        changed: set[int] = set()
+        for owner_id, ts, log_end_offset, lineage in zip(
+            partition_id.tolist(),
+            reports["ts"].to_numpy(dtype=np.int64).tolist(),
+            reports["log_end_offset"].to_numpy(dtype=np.int64).tolist(),
+            reports["epochs"].tolist(),
+            strict=True,
+        ):
+            owner = self._partitions[owner_id]
+            report = (ts, log_end_offset, epochs_of(lineage))
+            if owner.lineage is None or report > owner.lineage:
+                owner.lineage = report
+                changed.add(owner_id)
+        return changed
+
+    def _apply_segments(self, events: pd.DataFrame) -> set[int]:
         batch = _Batch.of(events)
         if not batch.size:
-            return _changes([])
+            return set()
         partition_id = self._partition_ids_of(batch.topic, batch.partition)
         # Keys are < 2**62: partition ids and segment codes are both below 2**31.
         segment_code = np.asarray(pd.factorize(batch.segment_id)[0], dtype=np.int64)
@@ -362,9 +426,11 @@ class RemoteLogSizes:
         new_rows = columns.append(
             segment_partition[new],
             segment_id[new],
-            batch.epoch[origin],
-            batch.nbytes[origin],
-            np.where(created_by_copy[new], batch.ts[origin], NOT_COPIED),
+            epoch=batch.epoch[origin],
+            nbytes=batch.nbytes[origin],
+            copied_at=np.where(created_by_copy[new], batch.ts[origin], NOT_COPIED),
+            epochs=batch.epochs[origin],
+            end_offset=batch.end_offset[origin],
         )
         rows[new] = new_rows
         for owner, segment, row in zip(
@@ -381,25 +447,21 @@ class RemoteLogSizes:
         flipped = rows[live != was_live]
         for row, now_live in zip(flipped.tolist(), columns.live[flipped].tolist(), strict=True):
             owner = self._partitions[int(columns.partition_id[row])]
-            args = (
-                str(columns.segment_id[row]),
-                int(columns.epoch[row]),
-                int(columns.nbytes[row]),
-            )
+            args = (str(columns.segment_id[row]), columns.epochs[row], int(columns.nbytes[row]))
             if now_live:
                 owner.add(*args)
             else:
                 owner.remove(*args)
         self._live_count += int(np.count_nonzero(live) - np.count_nonzero(was_live))
-        changed = np.unique(columns.partition_id[flipped])
-        return _changes([self._partitions[i] for i in changed.tolist()])
+        return set(np.unique(columns.partition_id[flipped]).tolist())
 
     def evict_tombstones(self, horizon_ms: int) -> int:
         """Forget tombstones whose latest event is older than ``horizon_ms``; how many.
 
         Exact only if no event older than ``horizon_ms`` is applied later (the engine's event
         validator must reject them): a late ``copy_finished`` of a forgotten segment would be
-        counted again. Partitions left without any segment are forgotten too. O(segments).
+        counted again. Partitions left without any segment or lineage are forgotten too.
+        O(segments).
         """
         columns = self._columns
         used = slice(0, columns.count)
@@ -407,7 +469,10 @@ class RemoteLogSizes:
         dropped = columns.count - int(np.count_nonzero(keep))
         if not dropped:
             return 0
-        kept_partitions = np.unique(columns.partition_id[used][keep])
+        reported = [i for i, owner in enumerate(self._partitions) if owner.lineage is not None]
+        kept_partitions = np.union1d(
+            columns.partition_id[used][keep], np.array(reported, dtype=np.int64)
+        )
         partition_of = np.full(len(self._partitions), -1, dtype=np.int64)
         partition_of[kept_partitions] = np.arange(len(kept_partitions), dtype=np.int64)
         self._columns = columns.compacted(keep, partition_of)
@@ -442,39 +507,59 @@ class RemoteLogSizes:
                 pa.array(copied_at, pa.int64(), mask=copied_at == NOT_COPIED),
                 pa.array(columns.last_ts[used], pa.int64()),
                 pa.array(columns.live[used], pa.bool_()),
+                pa.array(
+                    [
+                        [{"epoch": e, "offset": o} for e, o in epochs]
+                        for epochs in columns.epochs[used]
+                    ],
+                    _EPOCHS,
+                ),
+                pa.array(columns.end_offset[used], pa.int64()),
             ],
             schema=_SCHEMA,
         )
         sink = pa.BufferOutputStream()
         options = pa.ipc.IpcWriteOptions(compression="zstd")
-        schema = _SCHEMA.with_metadata({b"format": _FORMAT})
+        lineages = [
+            [owner.topic, owner.partition, *owner.lineage[:2], owner.lineage[2]]
+            for owner in owners
+            if owner.lineage is not None
+        ]
+        schema = _SCHEMA.with_metadata(
+            {b"format": _FORMAT, b"lineage": json.dumps(lineages, separators=(",", ":"))}
+        )
         with pa.ipc.new_stream(sink, schema, options=options) as writer:
             writer.write_batch(batch)
         return bytes(sink.getvalue().to_pybytes())
 
     @classmethod
     def decode(cls, data: bytes) -> RemoteLogSizes:
+        """Sizes from :meth:`encode`'s bytes (format 1, before segment epochs and lineages, reads
+        each segment as its one epoch from offset 0)."""
         try:
             table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-            found = (table.schema.metadata or {}).get(b"format")
-            same_schema = table.schema.remove_metadata().equals(_SCHEMA)
-            if found == _FORMAT and same_schema:
+            metadata = table.schema.metadata or {}
+            found = metadata.get(b"format")
+            expected = {_FORMAT: _SCHEMA, _FORMAT_1: _SCHEMA_1}.get(found)  # type: ignore[arg-type]
+            same_schema = expected is not None and table.schema.remove_metadata().equals(expected)
+            if same_schema:
                 table.validate(full=True)
+            lineages = json.loads(metadata.get(b"lineage", b"[]"))
         # Damaged bytes can also surface as undecodable names (UnicodeDecodeError, a ValueError).
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise RemoteLogDecodeError(f"not encoded remote log sizes: {exc!r}") from None
-        if found != _FORMAT:
+        if expected is None:
             raise RemoteLogDecodeError(f"unsupported remote log sizes format {found!r}")
         if not same_schema:
             raise RemoteLogDecodeError(f"unexpected remote log sizes schema: {table.schema}")
-        for name in _SCHEMA.names:
+        for name in expected.names:
             if name != "copied_at" and table.column(name).null_count:
                 raise RemoteLogDecodeError(f"remote log sizes column {name!r} has nulls")
-        return cls._from_table(table)
+        return cls._from_table(table, lineages)
 
     # ------------------------------------------------------------------ internals
     @classmethod
-    def _from_table(cls, table: pa.Table) -> RemoteLogSizes:
+    def _from_table(cls, table: pa.Table, lineages: list[Any]) -> RemoteLogSizes:
         count = table.num_rows
         topic = np.asarray(table.column("topic").to_pandas(), dtype=object)
         partition = np.asarray(table.column("partition").to_numpy(), dtype=np.int64)
@@ -487,15 +572,27 @@ class RemoteLogSizes:
             raise RemoteLogDecodeError("negative partition, leader epoch or size")
         if (live & (copied_at == NOT_COPIED)).any():
             raise RemoteLogDecodeError("a live segment without a copy time")
+        epochs = np.empty(count, dtype=object)
+        if "epochs" in table.column_names:
+            epochs[:] = [
+                epochs_of((entry["epoch"], entry["offset"]) for entry in listed)
+                for listed in table.column("epochs").to_pylist()
+            ]
+            end_offset = np.asarray(table.column("end_offset").to_numpy(), dtype=np.int64)
+        else:
+            epochs[:] = [((e, 0),) for e in epoch.tolist()]
+            end_offset = np.full(count, -1, dtype=np.int64)
 
         state = cls()
         partition_id = state._partition_ids_of(topic, partition)
         state._columns.append(
             partition_id,
             np.asarray(table.column("segment_id").to_numpy(), dtype=object),
-            epoch,
-            nbytes,
-            copied_at,
+            epoch=epoch,
+            nbytes=nbytes,
+            copied_at=copied_at,
+            epochs=epochs,
+            end_offset=end_offset,
         )
         columns = state._columns
         columns.last_ts[:count] = np.asarray(table.column("last_event_ts").to_numpy())
@@ -504,6 +601,11 @@ class RemoteLogSizes:
         if sum(len(owner.rows) for owner in state._partitions) != count:
             raise RemoteLogDecodeError("a segment is listed twice")
         state._count_live()
+        for lineage_topic, lineage_partition, ts, log_end_offset, lineage in lineages:
+            owner_id = state._partition_ids_of(
+                np.array([lineage_topic], dtype=object), np.array([lineage_partition], np.int64)
+            )[0]
+            state._partitions[owner_id].lineage = (ts, log_end_offset, epochs_of(lineage))
         return state
 
     def _partition(self, topic: str, partition: int) -> _Partition | None:
@@ -547,24 +649,9 @@ class RemoteLogSizes:
         """Rebuild the totals and live sets of fresh partitions from the live rows (decoding)."""
         columns, used = self._columns, slice(0, self._columns.count)
         live = np.flatnonzero(columns.live[used])
-        live = live[np.lexsort((columns.epoch[live], columns.partition_id[live]))]
-        partition_id, epoch = columns.partition_id[live], columns.epoch[live]
-        segment_ids = columns.segment_id[live].tolist()
-        starts, ends = _runs(partition_id, epoch)
-        sums = np.add.reduceat(columns.nbytes[live], starts) if len(live) else starts
-        for owner_id, run_epoch, run_bytes, start, end in zip(
-            partition_id[starts].tolist(),
-            epoch[starts].tolist(),
-            sums.tolist(),
-            starts.tolist(),
-            ends.tolist(),
-            strict=True,
-        ):
-            owner = self._partitions[owner_id]
-            owner.epoch_bytes[run_epoch] = run_bytes
-            owner.epoch_segments[run_epoch] = end - start
-            owner.total += run_bytes
-            owner.live.update(segment_ids[start:end])
+        for row in live.tolist():
+            owner = self._partitions[int(columns.partition_id[row])]
+            owner.add(str(columns.segment_id[row]), columns.epochs[row], int(columns.nbytes[row]))
         self._live_count = len(live)
 
 
@@ -577,6 +664,8 @@ class _Batch:
     segment_id: ObjectArray
     nbytes: Int64Array
     is_copy: BoolArray
+    epochs: ObjectArray  # Epochs
+    end_offset: Int64Array
 
     @property
     def size(self) -> int:
@@ -584,9 +673,6 @@ class _Batch:
 
     @staticmethod
     def of(events: pd.DataFrame) -> _Batch:
-        missing = [name for name in EVENT_COLUMNS if name not in events.columns]
-        if missing:
-            raise ValueError(f"remote segment events lack columns {missing}")
         state = events["state"].to_numpy(dtype=object)
         is_copy = np.asarray(state == COPY_FINISHED, dtype=np.bool_)
         unknown = ~is_copy & (state != DELETE_FINISHED)
@@ -601,6 +687,8 @@ class _Batch:
             segment_id=events["segment_id"].to_numpy(dtype=object),
             nbytes=events["bytes"].to_numpy(dtype=np.int64),
             is_copy=is_copy,
+            epochs=_segment_epochs(events),
+            end_offset=events["end_offset"].to_numpy(dtype=np.int64),
         )
         for name, values in (("partition", batch.partition), ("leader_epoch", batch.epoch)):
             if ((values < 0) | (values > _INT32_MAX)).any():
@@ -608,6 +696,17 @@ class _Batch:
         if (batch.nbytes < 0).any():
             raise ValueError("remote segment bytes must be >= 0")
         return batch
+
+
+def _segment_epochs(events: pd.DataFrame) -> ObjectArray:
+    """Each segment's epochs; one without them lists its ``leader_epoch`` from offset 0."""
+    epochs = np.empty(len(events), dtype=object)
+    given = events["epochs"].tolist()
+    epochs[:] = [
+        epochs_of(listed) if listed is not None else ((int(epoch), 0),)
+        for listed, epoch in zip(given, events["leader_epoch"].tolist(), strict=True)
+    ]
+    return epochs
 
 
 def _changes(partitions: list[_Partition]) -> pd.DataFrame:

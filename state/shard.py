@@ -28,7 +28,7 @@ import pandas as pd
 from state.config import QuotaConfig
 from state.core import QuotaCore
 from state.live_config import Mode
-from state.remote_log import RemoteLogSizes
+from state.remote_log import EVENT_COLUMNS, RemoteLogSizes
 from state.throttle_timers import ThrottleTimers, TimerStats
 from state.timing_wheel import KAFKA_TICK_MS, KAFKA_WHEEL_SIZE
 
@@ -44,8 +44,9 @@ USAGE_COLUMNS = (
     "config_version",
     "mode",  # state.live_config.Mode
 )
-#: What :meth:`Shard.step` takes as segment events (KIP-852), as ``RemoteLogSizes.apply``.
-SEGMENT_COLUMNS = ("ts", "topic", "partition", "leader_epoch", "segment_id", "bytes", "state")
+#: What :meth:`Shard.step` takes as segment events and lineage reports (KIP-852), as
+#: ``RemoteLogSizes.apply``.
+SEGMENT_COLUMNS = EVENT_COLUMNS
 #: Each touched entity's latest decision.
 DECISION_FIELDS = (
     "quota",
@@ -207,18 +208,30 @@ def _remote_logs(sizes: RemoteLogSizes, segments: pd.DataFrame) -> pd.DataFrame:
 def remote_log_document(sizes: RemoteLogSizes, topic: str, partition: int) -> dict[str, Any]:
     """What readers of a partition's remote log key get (``docs/redis.md``)."""
     live = sizes.live_segments(topic, partition)
+    reported = sizes.lineage(topic, partition)
+    retention = sizes.retention(topic, partition)
     return {
         "topic": topic,
         "partition": partition,
+        # RemoteLogSizeBytes: every segment the metadata lists.
         "total": sizes.partition_total(topic, partition),
         "epochs": {str(epoch): size for epoch, size in sizes.epoch_sizes(topic, partition).items()},
-        # Oldest first: what size-based retention deletes first.
+        # Oldest copy first.
         "segments": [
             [str(segment), int(epoch), int(size)]
             for segment, epoch, size in zip(
                 live["segment_id"], live["leader_epoch"], live["bytes"], strict=True
             )
         ],
+        "retention": {
+            "lineage": None if reported is None else [list(entry) for entry in reported[1]],
+            "log_end_offset": None if reported is None else reported[0],
+            # buildRetentionSizeData's remote size, and the cleaner's walk over the segments.
+            "bytes": retention.size,
+            "walk": [
+                [segment.segment_id, segment.size, within] for segment, within in retention.order
+            ],
+        },
     }
 
 

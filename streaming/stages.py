@@ -33,6 +33,7 @@ from state.core import QuotaCore
 from state.events import EventBounds, EventKind, parse_events
 from state.live_config import ConfigVersions, LiveConfig, decision_mode
 from state.quota_types import QuotaType
+from state.remote_log import LINEAGE
 from state.shard import USAGE_COLUMNS, Shard, ShardSettings, ShardState, timer_counts
 from state.timing_wheel import KAFKA_TICK_MS, KAFKA_WHEEL_SIZE
 
@@ -65,7 +66,10 @@ STAGE_SCHEMA = pa.schema(
         ("mode", pa.string()),  # state.live_config.Mode
         ("leader_epoch", pa.int32()),  # segments (with topic, partition, ts, counted_bytes)
         ("segment_id", pa.string()),
-        ("segment_state", pa.string()),
+        ("segment_state", pa.string()),  # also LINEAGE: a leader_epochs report
+        ("segment_epochs", pa.string()),  # JSON [[epoch, first offset], ...]; null: none given
+        ("end_offset", pa.int64()),
+        ("log_end_offset", pa.int64()),
     ]
 )
 
@@ -127,7 +131,7 @@ def staged_batches(records: KafkaRecords, settings: StageSettings) -> Iterator[p
     payloads = [value if value is not None else b"" for value in records.values]
     bounds = settings.bounds.around(settings.now_ms(), settings.max_past_ms, settings.max_future_ms)
     parsed = parse_events(payloads, bounds, settings.max_payload_bytes)
-    is_segment = (parsed.accepted["kind"] == EventKind.REMOTE_SEGMENT).to_numpy()
+    is_segment = parsed.accepted["kind"].isin(_SEGMENT_KINDS).to_numpy()
     if is_segment.any():
         segments = _segments(parsed.accepted[is_segment], settings)
         yield pa.RecordBatch.from_pandas(segments, schema=STAGE_SCHEMA, preserve_index=False)
@@ -197,8 +201,12 @@ def _usage(
     return _stage_rows(summed)
 
 
+_SEGMENT_KINDS = [EventKind.REMOTE_SEGMENT.value, EventKind.LEADER_EPOCHS.value]
+
+
 def _segments(events: pd.DataFrame, settings: StageSettings) -> pd.DataFrame:
-    """Segment events as stage rows, sharded by partition so that one shard keeps its sizes."""
+    """Segment events and lineage reports as stage rows, sharded by partition so that one shard
+    keeps its sizes."""
     partition_keys = (
         "topic=" + events["topic"].astype(str) + ",partition=" + events["partition"].astype(str)
     )
@@ -212,7 +220,17 @@ def _segments(events: pd.DataFrame, settings: StageSettings) -> pd.DataFrame:
             "partition": events["partition"].to_numpy(),
             "leader_epoch": events["leader_epoch"].to_numpy(),
             "segment_id": events["segment_id"].to_numpy(),
-            "segment_state": events["state"].to_numpy(),
+            "segment_state": np.where(
+                (events["kind"] == EventKind.LEADER_EPOCHS).to_numpy(),
+                LINEAGE,
+                events["state"].to_numpy(dtype=object),
+            ),
+            "segment_epochs": np.array(
+                [None if e is None else json.dumps(e) for e in events["epochs"].tolist()],
+                dtype=object,
+            ),
+            "end_offset": events["end_offset"].to_numpy(),
+            "log_end_offset": events["log_end_offset"].to_numpy(),
         }
     )
     return _stage_rows(rows)
@@ -396,6 +414,9 @@ def update_shard(
                 "segment_id": segments["segment_id"].to_numpy(dtype=object),
                 "bytes": segments["counted_bytes"].to_numpy(dtype=np.int64),
                 "state": segments["segment_state"].to_numpy(dtype=object),
+                "epochs": _epochs(segments["segment_epochs"]),
+                "end_offset": segments["end_offset"].to_numpy(dtype=np.int64),
+                "log_end_offset": segments["log_end_offset"].to_numpy(dtype=np.int64),
             }
         ),
         settings.eviction_horizon(now_ms),
@@ -420,6 +441,14 @@ def update_shard(
         rejects,
     ]
     return ShardUpdate(step.state, _decision_rows(parts), step.wake_at_ms)
+
+
+def _epochs(column: pd.Series) -> npt.NDArray[np.object_]:
+    epochs = np.empty(len(column), dtype=object)
+    epochs[:] = [
+        None if pd.isna(text) else tuple(map(tuple, json.loads(text))) for text in column.tolist()
+    ]
+    return epochs
 
 
 def _decision_rows(parts: list[pd.DataFrame]) -> list[pd.DataFrame]:

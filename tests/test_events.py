@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from state.events import EVENT_COLUMNS, EventBounds, RejectReason, parse_events
 from tests.conftest import ReplayRunner
-from tests.factories import BASE, fetch, produce, remote, replication
+from tests.factories import BASE, fetch, produce, remote, remote_segment, replication
 
 SEGMENT = {
     "kind": "remote_segment",
@@ -70,6 +70,20 @@ def without(event: dict[str, Any], field: str) -> bytes:
 
 P = produce("alice", "app1", 10, BASE)
 R = replication(1, "leader", "orders", 0, 2, False, 5, BASE)
+SEGMENT = {
+    **remote_segment("orders", 0, "a", 10, "copy_finished", BASE, leader_epoch=7),
+    "segment_leader_epochs": {"5": 14, "7": 15},
+    "end_offset": 99,
+}
+LINEAGE = {
+    "kind": "leader_epochs",
+    "ts": BASE,
+    "broker": 1,
+    "topic": "orders",
+    "partition": 0,
+    "epochs": {"0": 0, "3": 120},
+    "log_end_offset": 400,
+}
 # One generator per way of being wrong, each with the reason it must be rejected for.
 BAD: list[tuple[RejectReason, Any]] = [
     (RejectReason.INVALID_JSON, lambda i: b"not json " + str(i).encode()),
@@ -108,6 +122,16 @@ BAD: list[tuple[RejectReason, Any]] = [
     (RejectReason.TS_OUT_OF_BOUNDS, lambda i: with_(P, ts=BASE // 1000)),  # seconds, not ms
     (RejectReason.TS_OUT_OF_BOUNDS, lambda i: with_(P, ts=-5)),
     (RejectReason.TS_OUT_OF_BOUNDS, lambda i: with_(P, ts=10**16)),
+    (RejectReason.INVALID_VALUE, lambda i: with_(SEGMENT, leader_epoch=5)),  # not its last
+    (
+        RejectReason.INVALID_VALUE,
+        lambda i: with_(SEGMENT, segment_leader_epochs={"5": 16, "7": 15}),
+    ),
+    (RejectReason.INVALID_VALUE, lambda i: with_(SEGMENT, segment_leader_epochs={})),
+    (RejectReason.INVALID_VALUE, lambda i: with_(LINEAGE, epochs={"0": 5, "1": 4})),
+    (RejectReason.INVALID_VALUE, lambda i: with_(LINEAGE, log_end_offset=-1)),
+    (RejectReason.MISSING_FIELD, lambda i: without(LINEAGE, "epochs")),
+    (RejectReason.WRONG_TYPE, lambda i: with_(SEGMENT, segment_leader_epochs={"x": 1})),
     (RejectReason.INVALID_TOPIC, lambda i: with_(R, topic="bad topic!")),
     (RejectReason.INVALID_TOPIC, lambda i: with_(R, topic="")),
 ]
@@ -170,6 +194,16 @@ def test_malformed_file_every_bad_line_rejected_every_good_line_decided(
         assert record.get("payload", "").encode() == original or "payload_base64" in record
 
 
+def test_segment_epochs_and_lineage_reports_are_accepted_with_their_values() -> None:
+    parsed = parse_events([encode(SEGMENT), encode(LINEAGE), encode(P)])
+    assert parsed.rejected.empty
+    accepted = parsed.accepted
+    assert accepted["kind"].tolist() == ["remote_segment", "leader_epochs", "produce"]
+    assert accepted["epochs"].tolist() == [((5, 14), (7, 15)), ((0, 0), (3, 120)), None]
+    assert accepted["end_offset"].tolist() == [99, -1, -1]
+    assert accepted["log_end_offset"].tolist() == [-1, 400, -1]
+
+
 def test_rejected_kinds_cover_every_reason() -> None:
     assert {reason for reason, _ in BAD} == set(RejectReason)
 
@@ -198,6 +232,10 @@ fields = st.sampled_from(
         "leader_epoch",
         "segment_id",
         "state",
+        "segment_leader_epochs",
+        "end_offset",
+        "epochs",
+        "log_end_offset",
     ]
 )
 

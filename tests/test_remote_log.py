@@ -14,14 +14,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from state.leader_epochs import breach as kafka_breach
 from state.remote_log import (
+    _SCHEMA_1,
     CHANGE_COLUMNS,
     COPY_FINISHED,
     DELETE_FINISHED,
     EVENT_COLUMNS,
+    LINEAGE,
     RemoteLogDecodeError,
     RemoteLogSizes,
-    retention_breach,
 )
 
 T0 = 1_700_000_000_000
@@ -45,6 +47,9 @@ def copy(
         "segment_id": segment_id,
         "bytes": nbytes,
         "state": COPY_FINISHED,
+        "epochs": None,
+        "end_offset": -1,
+        "log_end_offset": -1,
     }
 
 
@@ -332,6 +337,14 @@ def test_retention_deletes_the_oldest_segments_that_fit_in_the_breach(
     assert breach == _kafka_walk(_IDS, _SIZES, _TOTAL, local_only_bytes, retention_bytes)
 
 
+def retention_breach(
+    ids: Sequence[str], sizes: Sequence[int], remote: int, local_only: int, retention: int
+) -> list[str]:
+    """The walk over segments all within the lineage, oldest first."""
+    walk = [(segment, size, True) for segment, size in zip(ids, sizes, strict=True)]
+    return kafka_breach(walk, remote, local_only, retention)
+
+
 def test_retention_stops_once_the_breach_is_covered_even_for_empty_segments() -> None:
     # Kafka deletes only while some breach remains: the empty segment after an exact fit stays.
     assert retention_breach(["a", "b", "c"], [10, 0, 5], 15, 0, 5) == ["a"]
@@ -339,9 +352,7 @@ def test_retention_stops_once_the_breach_is_covered_even_for_empty_segments() ->
     assert retention_breach([], [], 0, 100, 10) == []
 
 
-def test_retention_breach_refuses_inconsistent_input() -> None:
-    with pytest.raises(ValueError, match="same length"):
-        retention_breach(["a", "b"], [1], 1, 0, 0)
+def test_retention_breach_refuses_negative_sizes() -> None:
     with pytest.raises(ValueError, match=">= 0"):
         retention_breach(["a"], [-1], 1, 0, 0)
 
@@ -468,12 +479,16 @@ def test_encoding_is_compact() -> None:
             "segment_id": ids,
             "bytes": rng.integers(1 << 20, 1 << 30, count),
             "state": np.where(rng.random(count) < 0.2, DELETE_FINISHED, COPY_FINISHED),
+            "epochs": None,
+            "end_offset": rng.integers(0, 1 << 40, count),
+            "log_end_offset": -1,
         }
     )
     sizes = RemoteLogSizes()
     sizes.apply(events)
     assert len(sizes) + sizes.tombstones == count
-    assert len(sizes.encode()) < 40 * count  # ~31 bytes a segment, 22 of them the id
+    # ~40 bytes a segment: 22 of them the id, 8 its end offset
+    assert len(sizes.encode()) < 48 * count
 
 
 def _rewritten(data: bytes, change: Any) -> bytes:
@@ -547,3 +562,82 @@ def test_flipped_bytes_never_escape_as_another_error() -> None:
         damaged[position] ^= 0xFF
         with contextlib.suppress(RemoteLogDecodeError):
             RemoteLogSizes.decode(bytes(damaged))
+
+
+# ---------------------------------------------------------------------- lineage (KIP-852)
+
+
+def lineage_report(
+    epochs: dict[int, int], log_end_offset: int, ts: int = T0, partition: int = 0
+) -> Event:
+    return {
+        **copy("", 0, ts=ts, partition=partition),
+        "segment_id": None,
+        "state": LINEAGE,
+        "epochs": tuple(sorted(epochs.items())),
+        "log_end_offset": log_end_offset,
+    }
+
+
+def spanning(segment_id: str, nbytes: int, epochs: dict[int, int], end: int) -> Event:
+    return {
+        **copy(segment_id, nbytes, max(epochs)),
+        "epochs": tuple(sorted(epochs.items())),
+        "end_offset": end,
+    }
+
+
+def test_the_newest_lineage_report_wins_in_any_order() -> None:
+    old = lineage_report({0: 0, 1: 100}, 300, ts=T0)
+    new = lineage_report({0: 0, 2: 100}, 250, ts=T0 + 1)
+    for order in ([old, new], [new, old]):
+        sizes = applied(spanning("a", 10, {0: 0, 1: 100}, 120), *order)
+        assert sizes.lineage("orders", 0) == (250, ((0, 0), (2, 100)))
+        # Under the new lineage, a's epoch 1 is not in it: nothing to retain.
+        assert sizes.retention("orders", 0).size == 0
+    sizes = applied(spanning("a", 10, {0: 0, 1: 100}, 120))
+    assert changed(sizes.apply(frame([old]))) == {("orders", 0): (10, 1)}
+    assert changed(sizes.apply(frame([old]))) == {}  # the same report again changes nothing
+
+
+def test_encoding_keeps_segment_epochs_end_offsets_and_lineages() -> None:
+    sizes = applied(
+        spanning("a", 10, {0: 0, 1: 100}, 120),
+        lineage_report({0: 0, 1: 100}, 300),
+        lineage_report({3: 7}, 9, partition=5),  # a lineage without segments is kept too
+    )
+    restored = RemoteLogSizes.decode(sizes.encode())
+    assert restored.epoch_sizes("orders", 0) == {0: 10, 1: 10}
+    assert restored.live_segments("orders", 0)["end_offset"].tolist() == [120]
+    assert restored.lineage("orders", 0) == (300, ((0, 0), (1, 100)))
+    assert restored.lineage("orders", 5) == (9, ((3, 7),))
+    assert restored.retention("orders", 0) == sizes.retention("orders", 0)
+    assert restored.encode() == sizes.encode()
+    # Evicting tombstones keeps partitions that only have a lineage.
+    restored.apply(frame([delete("a", 10, 1)]))
+    restored.evict_tombstones(T0 + 1)
+    assert restored.lineage("orders", 5) == (9, ((3, 7),))
+
+
+def test_format_1_state_reads_each_segment_as_its_one_epoch() -> None:
+    """State kept before segment epochs existed: one epoch from offset 0, end offset unknown."""
+    table = pa.table(
+        {
+            "topic": pa.array(["orders", "orders"]).dictionary_encode(),
+            "partition": pa.array([0, 0], pa.int32()),
+            "segment_id": ["a", "b"],
+            "leader_epoch": pa.array([0, 1], pa.int32()),
+            "bytes": pa.array([10, 20], pa.int64()),
+            "copied_at": pa.array([T0, T0], pa.int64()),
+            "last_event_ts": pa.array([T0, T0], pa.int64()),
+            "live": [True, True],
+        }
+    ).cast(_SCHEMA_1)
+    sink = pa.BufferOutputStream()
+    schema = table.schema.with_metadata({b"format": b"quotastream.remote_log.1"})
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_table(table.replace_schema_metadata(schema.metadata))
+    sizes = RemoteLogSizes.decode(sink.getvalue().to_pybytes())
+    assert sizes.epoch_sizes("orders", 0) == {0: 10, 1: 20}
+    assert sizes.live_segments("orders", 0)["epochs"].tolist() == [((0, 0),), ((1, 0),)]
+    assert sizes.retention_breach("orders", 0, 0, 15) == ["a"]

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quotastream.client import RemoteLog
 from state.config import parse_quota_config
 from state.core import QuotaCore
 from state.events import EventBounds
@@ -240,6 +241,64 @@ def test_remote_segment_events_keep_partition_sizes_once_per_segment() -> None:
     # The last segment deleted: the partition's row says so (its Redis key goes).
     state, out = one_shard_step(stage, [segment("b", 200, "delete_finished", 1)], state)
     assert out.loc[out["row_type"] == REMOTE_LOG, "remote_log"].tolist() == [None]
+
+
+def test_an_unclean_election_counts_diverged_segments_in_the_metric_but_not_in_retention() -> None:
+    """KIP-852 through the engine's stages: broker 1 led epochs 0 and 1 and uploaded a, b
+    (spanning both) and c; an unclean election gave epoch 2 to broker 2, whose log ended at 149,
+    so c (offsets 130-199) is outside the new lineage. RemoteLogSizeBytes counts every listed
+    segment; retention counts and walks only the lineage's, each once."""
+    stage = StageSettings(CONFIG, EventBounds(), 65_536, shards=1, clock=lambda: BASE / 1000)
+
+    def segment(segment_id: str, size: int, epochs: dict[int, int], end: int) -> bytes:
+        event = remote_segment("orders", 3, segment_id, size, "copy_finished", BASE - 1000)
+        event |= {
+            "leader_epoch": max(epochs),
+            "segment_leader_epochs": {str(e): o for e, o in epochs.items()},
+            "end_offset": end,
+        }
+        return json.dumps(event).encode()
+
+    lineage = {
+        "kind": "leader_epochs",
+        "ts": BASE - 500,
+        "broker": 2,
+        "topic": "orders",
+        "partition": 3,
+        "epochs": {"0": 0, "1": 100, "2": 150},
+        "log_end_offset": 400,
+    }
+    events = [
+        segment("a", 100, {0: 0}, 99),
+        segment("b", 100, {0: 90, 1: 100}, 129),
+        segment("c", 100, {1: 130}, 199),
+        segment("d", 100, {1: 120, 2: 150}, 179),
+        segment("e", 300, {2: 180}, 299),
+    ]
+    _, out = one_shard_step(stage, [*events, json.dumps(lineage).encode()], None)
+    document = json.loads(out.loc[out["row_type"] == REMOTE_LOG, "remote_log"].iloc[0])
+    remote_log = RemoteLog.of(document)
+    assert remote_log.total == 700  # RemoteLogSizeBytes: c too
+    # remoteLogSize(epoch): a segment under each of its epochs.
+    assert remote_log.epochs == {0: 200, 1: 300, 2: 400}
+    assert remote_log.lineage == [(0, 0), (1, 100), (2, 150)]
+    assert remote_log.retention_bytes == 600
+    assert remote_log.retention_walk == [
+        ("a", 100, True),
+        ("b", 100, True),
+        ("d", 100, True),
+        ("c", 100, False),
+        ("e", 300, True),
+    ]
+    # 600 remote + 50 local against 320: a, b, d go; c is passed over; e is kept.
+    assert remote_log.retention_breach(retention_bytes=320, local_only_bytes=50) == ["a", "b", "d"]
+    # Without the lineage every live segment counts, oldest copy first: c would be deleted.
+    _, out = one_shard_step(stage, events, None)
+    unreported = RemoteLog.of(
+        json.loads(out.loc[out["row_type"] == REMOTE_LOG, "remote_log"].iloc[0])
+    )
+    assert (unreported.retention_bytes, unreported.lineage) == (700, None)
+    assert "c" in unreported.retention_breach(retention_bytes=320, local_only_bytes=50)
 
 
 def test_a_batch_decides_with_the_configuration_version_it_pinned() -> None:
