@@ -37,7 +37,7 @@ def record(table: RollingTable, events: list[Event]) -> Measurement:
     )
 
 
-def rows(measurement: Measurement) -> list[tuple[int, int, int, bool]]:
+def rows(measurement: Measurement) -> list[Measured]:
     return list(
         zip(
             measurement.clock_ms.tolist(),
@@ -229,17 +229,22 @@ def split(events: list[Event], cuts: list[int]) -> list[list[Event]]:
     return [events[a:b] for a, b in itertools.pairwise(bounds) if b > a]
 
 
+def measured_in_batches(spec: WindowSpec, events: list[Event], cuts: list[int]) -> list[Measured]:
+    """Every event's measurement, the events recorded in the batches ``cuts`` makes."""
+    table = RollingTable(spec)
+    measured = []
+    for batch in split(events, [c for c in cuts if c < len(events)]):
+        measured += rows(record(table, batch))
+    return measured
+
+
 @settings(max_examples=400, deadline=None)
 @given(stream=event_streams(), cuts=st.lists(st.integers(0, 80), max_size=8))
 def test_any_batch_split_matches_the_event_at_a_time_model(
     stream: tuple[WindowSpec, list[Event]], cuts: list[int]
 ) -> None:
     spec, events = stream
-    table = RollingTable(spec)
-    measured = []
-    for batch in split(events, [c for c in cuts if c < len(events)]):
-        measured += rows(record(table, batch))
-    assert measured == oracle_rows(spec, events)
+    assert measured_in_batches(spec, events, cuts) == oracle_rows(spec, events)
 
 
 @settings(max_examples=400, deadline=None)
@@ -251,11 +256,7 @@ def test_time_ordered_traffic_measures_as_kafka_with_aligned_samples(
     classes, with each sample starting at its aligned start, give the same numbers."""
     spec, events = stream
     events = sorted(events, key=lambda e: e.ts)
-    table = RollingTable(spec)
-    measured = []
-    for batch in split(events, [c for c in cuts if c < len(events)]):
-        measured += rows(record(table, batch))
-    assert measured == kafka_rows(spec, events, aligned=True)
+    assert measured_in_batches(spec, events, cuts) == kafka_rows(spec, events, aligned=True)
 
 
 @settings(max_examples=300, deadline=None)
@@ -274,11 +275,7 @@ def test_records_at_sample_starts_measure_exactly_as_kafka(
         ts = event.ts if sample in opened else event.ts - event.ts % window
         opened.add(sample)
         aligned.append(Event(event.entity, ts, event.nbytes))
-    table = RollingTable(spec)
-    measured = []
-    for batch in split(aligned, [c for c in cuts if c < len(aligned)]):
-        measured += rows(record(table, batch))
-    assert measured == kafka_rows(spec, aligned, aligned=False)
+    assert measured_in_batches(spec, aligned, cuts) == kafka_rows(spec, aligned, aligned=False)
 
 
 @settings(max_examples=300, deadline=None)
