@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 from typing import Any
@@ -191,7 +192,13 @@ def test_malformed_file_every_bad_line_rejected_every_good_line_decided(
     by_line = {r["line"]: r for r in run.rejected}
     for line, record in by_line.items():
         original = lines[line - 1]
-        assert record.get("payload", "").encode() == original or "payload_base64" in record
+        if "payload" in record:
+            assert record["payload"].encode() == original
+        else:
+            assert base64.b64decode(record["payload_base64"], validate=True) == original
+            with pytest.raises(UnicodeDecodeError):
+                original.decode("utf-8")
+    assert any("payload_base64" in record for record in by_line.values())
 
 
 def test_segment_epochs_and_lineage_reports_are_accepted_with_their_values() -> None:
@@ -260,6 +267,18 @@ def test_any_payload_is_accepted_or_rejected_never_both_never_lost(
     accepted = parsed.accepted
     assert (accepted["bytes"] >= 0).all()
     assert accepted["ts"].between(EventBounds.min_ts_ms, EventBounds.max_ts_ms).all()
+    # What is accepted is what was sent: the unchanged event's values, and the changed one's
+    # where it was accepted.
+    for position, event in ((2, base), (0, {**base, **changes})):
+        rows = accepted[accepted["position"] == position]
+        if rows.empty:
+            continue
+        row = rows.iloc[0]
+        assert row["kind"] == event["kind"]
+        assert row["bytes"] == event["bytes"]
+        assert row["ts"] == event["ts"]
+        assert row["broker"] == event["broker"]
+        assert row["count"] == event.get("count", 1)
 
 
 def test_a_batched_message_is_decided_element_by_element() -> None:
