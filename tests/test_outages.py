@@ -135,5 +135,6 @@ def test_a_reachable_redis_passes_and_keeps_no_key(secured_redis: LocalService) 
     check_redis(RedisSettings(port=secured_redis.port, password=PASSWORD), timeout_s=2)
     admin = redis.Redis(host="127.0.0.1", port=secured_redis.port, password=PASSWORD)
     ttl = admin.pttl("quotastream:engine:started")
+    assert isinstance(ttl, int)
     # Gone (-2), or going within a second; never kept (-1: a key without expiry).
     assert ttl == -2 or 0 < ttl <= 1000, ttl
