@@ -2,7 +2,12 @@
 
 ``python -m deploy.dashboards`` writes them to conf/grafana/dashboards/ (committed; a test
 checks the committed JSON equals this module's output). Queries use only the metric names in
-:mod:`deploy.metrics` and the Prometheus datasource provisioned with uid ``prometheus``.
+:mod:`deploy.metrics`.
+
+The data source is ``${DS_PROMETHEUS}`` everywhere, in Grafana's two ways of filling it in: each
+dashboard declares it in ``__inputs`` (Grafana's import asks which Prometheus to use and writes
+its uid in), and has a data source variable of that name (provisioned from files, where no import
+runs, it resolves to the default Prometheus: the provisioned one in compose).
 """
 
 from __future__ import annotations
@@ -26,7 +31,10 @@ from grafana_foundation_sdk.models import common as common_models
 from grafana_foundation_sdk.models import dashboard as dashboard_models
 
 DASHBOARD_DIR: Final = Path(__file__).resolve().parent.parent / "conf" / "grafana" / "dashboards"
-DATASOURCE: Final = dashboard_models.DataSourceRef(type_val="prometheus", uid="prometheus")
+DATASOURCE_INPUT: Final = "DS_PROMETHEUS"
+DATASOURCE: Final = dashboard_models.DataSourceRef(
+    type_val="prometheus", uid=f"${{{DATASOURCE_INPUT}}}"
+)
 TAGS: Final = ["quotastream"]
 
 # Selectors shared by the panels; $quota and $entity are the dashboards' variables.
@@ -178,7 +186,25 @@ def _dashboard(uid: str, title: str, description: str) -> dashboard.Dashboard:
         .refresh("30s")
         .time("now-1h", "now")
         .timezone("browser")
+        .with_variable(
+            dashboard.DatasourceVariable(DATASOURCE_INPUT).label("Data source").type("prometheus")
+        )
     )
+
+
+def _with_inputs(board: dict[str, object]) -> dict[str, object]:
+    """The dashboard as Grafana exports one for sharing: its data source as an import input."""
+    inputs = [
+        {
+            "name": DATASOURCE_INPUT,
+            "label": "Prometheus",
+            "description": "The Prometheus that scrapes quotastream",
+            "type": "datasource",
+            "pluginId": "prometheus",
+            "pluginName": "Prometheus",
+        }
+    ]
+    return {"__inputs": inputs, **board}
 
 
 def quotas_overview() -> dashboard.Dashboard:
@@ -265,6 +291,22 @@ def quotas_overview() -> dashboard.Dashboard:
             )
         )
         .with_panel(
+            _series(
+                "Byte rate by user",
+                "Produce and fetch byte rate summed per user (Kafka's user tag) over the "
+                "exported entities; client-id-only counters have no user.",
+                "Bps",
+                [
+                    (
+                        'sum by (quota, user) (quotastream_byte_rate{quota=~"$quota", '
+                        'quota=~"produce|fetch", user!=""})',
+                        "{{quota}} {{user}}",
+                    )
+                ],
+                width=24,
+            )
+        )
+        .with_panel(
             _top(
                 "Top $topk entities by utilisation",
                 "The entities nearest (or over) their quota now.",
@@ -280,7 +322,7 @@ def quotas_overview() -> dashboard.Dashboard:
 
 def replication() -> dashboard.Dashboard:
     def rate_vs_throttle(quota: str) -> list[Query]:
-        selector = f'quota="{quota}", entity=~"$broker"'
+        selector = f'quota="{quota}", broker=~"$broker"'
         return [
             (f"quotastream_byte_rate{{{selector}}}", "{{entity}} rate"),
             (f"quotastream_quota_limit{{{selector}}}", "{{entity}} throttle"),
@@ -301,7 +343,7 @@ def replication() -> dashboard.Dashboard:
             _label_variable(
                 "broker",
                 "Broker",
-                f"label_values(quotastream_byte_rate{{{REPLICATION}}}, entity)",
+                f"label_values(quotastream_byte_rate{{{REPLICATION}}}, broker)",
             )
         )
         .with_panel(
@@ -363,7 +405,7 @@ def replication() -> dashboard.Dashboard:
                 "percentunit",
                 [
                     (
-                        f'quotastream_quota_utilisation_ratio{{{REPLICATION}, entity=~"$broker"}}',
+                        f'quotastream_quota_utilisation_ratio{{{REPLICATION}, broker=~"$broker"}}',
                         "{{quota}} {{entity}}",
                     )
                 ],
@@ -377,7 +419,7 @@ def replication() -> dashboard.Dashboard:
                 "s",
                 [
                     (
-                        f'quotastream_throttle_time_seconds{{{REPLICATION}, entity=~"$broker"}}',
+                        f'quotastream_throttle_time_seconds{{{REPLICATION}, broker=~"$broker"}}',
                         "{{quota}} {{entity}}",
                     )
                 ],
@@ -477,7 +519,8 @@ def engine_health() -> dashboard.Dashboard:
         .with_panel(
             _stat(
                 "Last batch age",
-                "Seconds since the last micro-batch finished (alert QuotastreamEngineStalled).",
+                "Seconds since the last micro-batch finished. Old on an idle cluster too: a "
+                "stall is an old batch with an input backlog (alert QuotastreamEngineStalled).",
                 "s",
                 [("time() - quotastream_last_batch_timestamp_seconds", "age")],
                 red_at=120,
@@ -611,6 +654,31 @@ def engine_health() -> dashboard.Dashboard:
                 width=24,
             )
         )
+        .with_panel(
+            _series(
+                "Input backlog",
+                "Records in the events topics not read yet, asked of Kafka at each scrape. With "
+                "an old last batch it means a stalled engine, not an idle cluster (alert "
+                "QuotastreamEngineStalled).",
+                "short",
+                [("quotastream_input_backlog_records", "unread records")],
+            )
+        )
+        .with_panel(
+            _series(
+                "Agent answers by source",
+                "Lookups the enforcement agents answered per second (job quotastream-agents): "
+                "fresh, cached, stale, and by the failure policy when Redis cannot be read "
+                "(alert QuotastreamAgentsFailing).",
+                "reqps",
+                [
+                    (
+                        "sum by (source) (rate(quotastream_agent_answers_total[$__rate_interval]))",
+                        "{{source}}",
+                    )
+                ],
+            )
+        )
     )
 
 
@@ -625,7 +693,12 @@ DASHBOARDS: Final = {
 def render() -> dict[str, str]:
     """Each dashboard file's name and its JSON text, as committed."""
     return {
-        name: json.dumps(build().build(), cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
+        name: json.dumps(
+            _with_inputs(json.loads(json.dumps(build().build(), cls=JSONEncoder))),
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n"
         for name, build in DASHBOARDS.items()
     }
 

@@ -1,15 +1,22 @@
-"""The exporter's metric names, as the dashboards and the Prometheus rules use them.
+"""The metric names the dashboards and the Prometheus rules may use.
 
-The names come from the exporter itself (:data:`streaming.metrics.METRICS`), so there is one list.
-The tests check that every dashboard query and every rule reads only these names (plus the
-recording rules' own outputs and Prometheus's ``up``), so a renamed metric fails the build here
-rather than leaving an empty panel.
+The names come from the code that exports them, so there is one list each: the engine's exporter
+(:data:`streaming.metrics.METRICS`) and the enforcement agents' cached client
+(:class:`quotastream.CachedQuotaClient` with a ``registry``). The tests check that every
+dashboard query and every rule reads only these names (plus the recording rules' own outputs and
+Prometheus's ``up``), so a renamed metric fails the build here rather than leaving an empty panel
+or an alert that never fires.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
+import redis
+from prometheus_client import CollectorRegistry
+
+from quotastream.cache import CachedQuotaClient
+from quotastream.client import QuotaClient
 from streaming.metrics import METRICS, QUOTAS
 
 CONTRACT_METRIC_NAMES: Final = frozenset(METRICS)
@@ -19,7 +26,23 @@ HISTOGRAMS: Final = frozenset(name for name, (kind, _) in METRICS.items() if kin
 QUOTA_TYPES: Final = QUOTAS
 
 
+def agent_metric_names() -> frozenset[str]:
+    """The names an agent's cached client registers, as exposed (counters with ``_total``).
+
+    Read from a client's own registry; the Redis client it wraps is never connected.
+    """
+    registry = CollectorRegistry()
+    CachedQuotaClient(QuotaClient(redis.Redis()), registry=registry)
+    return frozenset(
+        f"{family.name}_total" if family.type == "counter" else family.name
+        for family in registry.collect()
+    )
+
+
 def queryable_names() -> frozenset[str]:
-    """The names a PromQL query may select: the contract plus each histogram's series."""
+    """The names a PromQL query may select: the engine's and the agents' metrics, and each
+    histogram's series."""
     suffixes = ("_bucket", "_sum", "_count")
-    return CONTRACT_METRIC_NAMES | {h + s for h in HISTOGRAMS for s in suffixes}
+    return (
+        CONTRACT_METRIC_NAMES | agent_metric_names() | {h + s for h in HISTOGRAMS for s in suffixes}
+    )

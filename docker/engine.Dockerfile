@@ -1,11 +1,16 @@
 # quotastream engine: Python 3.11 + Java 17 (Spark) + the package. Built by docker-compose.yml.
 FROM python:3.11-slim-bookworm
 
+# JAVA_HOME is a fixed link to wherever the JDK landed (java-17-openjdk-amd64, -arm64, ...),
+# found from the installed `java` by docker/java-home: the same file builds on any architecture.
+COPY docker/java-home /usr/local/bin/java-home
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         openjdk-17-jre-headless procps \
-    && rm -rf /var/lib/apt/lists/*
-ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64 \
+    && rm -rf /var/lib/apt/lists/* \
+    && ln -s "$(sh /usr/local/bin/java-home)" /usr/lib/jvm/quotastream-java \
+    && /usr/lib/jvm/quotastream-java/bin/java -version
+ENV JAVA_HOME=/usr/lib/jvm/quotastream-java \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1
 

@@ -8,6 +8,8 @@ per-broker scope a client key ends in ``,broker=N``. Names are percent-escaped (
 
 from __future__ import annotations
 
+from urllib.parse import unquote
+
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
@@ -29,6 +31,52 @@ def escape(names: ObjectArray) -> pa.Array:
     for raw, code in _ESCAPES:
         escaped = pc.replace_substring(escaped, raw, code)
     return escaped
+
+
+#: The parts of an entity key, in order, by kind of quota (``cluster`` is a part with no value).
+_CLIENT_SHAPES = tuple(
+    (*names, *scope)
+    for names in (("user", "client-id"), ("user",), ("client-id",))
+    for scope in ((), ("broker",))
+)
+_BROKER_SHAPES = (("broker",), (CLUSTER,))
+_PARTITION_SHAPES = tuple((*shape, "topic", "partition") for shape in _BROKER_SHAPES)
+
+
+def entity_key_problem(entity: str, client_quota: bool, partitions: bool = False) -> str | None:
+    """What is wrong with ``entity`` as a key of a client quota (``client_quota``) or of a broker
+    quota (with ``partitions``: ``remote_copy``'s per-partition keys too); None if nothing.
+
+    The shapes are those :func:`client_keys`, :func:`broker_keys` and
+    ``copy_fairness.partition_keys`` write: ``name=value`` parts in a fixed order, names
+    percent-escaped, broker and partition numbers.
+    """
+    parts = [part.partition("=") for part in entity.split(",")]
+    names = tuple(name for name, _, _ in parts)
+    if client_quota:
+        shapes, example = _CLIENT_SHAPES, "user=alice,client-id=app1,broker=1"
+    else:
+        shapes, example = _BROKER_SHAPES + (_PARTITION_SHAPES if partitions else ()), "broker=1"
+    if names not in shapes or any((name == CLUSTER) == bool(eq) for name, eq, _ in parts):
+        return f"{entity!r} is not an entity key of this quota (e.g. {example!r})"
+    for name, _, value in parts:
+        if name in ("broker", "partition") and not value.isdigit():
+            return f"{entity!r}: {name} must be a number, got {value!r}"
+        if name == "topic" and not value:
+            return f"{entity!r}: the topic is empty"
+    return None
+
+
+def parse_entity_key(entity: str) -> dict[str, str]:
+    """The parts of an entity key by name, names unescaped: the inverse of the key builders.
+
+    ``user=a%2Cb,client-id=app1,broker=1`` gives ``{"user": "a,b", "client-id": "app1",
+    "broker": "1"}``; ``cluster`` is a part with an empty value. Pure and lenient (no shape
+    check: :func:`entity_key_problem` does that), so a reader of keys the engine wrote, such as
+    the metrics exporter, never fails on one.
+    """
+    parts = (part.partition("=") for part in entity.split(","))
+    return {name: unquote(value) for name, _, value in parts}
 
 
 def client_keys(

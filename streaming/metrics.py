@@ -17,6 +17,10 @@ Where the values come from:
   input count.
 * The Kafka source's outage clock on the driver comes in a status file
   (``streaming.source_status``), read at scrape time.
+* The input backlog is measured at scrape time, outside the query: the events topics' end
+  offsets (:class:`KafkaEnds`, a consumer of the exporter's own) minus the offsets Spark's progress
+  last reported read. A query stuck inside a micro-batch reports no progress, and nor does an
+  idle one; only the backlog tells them apart (the stalled-engine alert needs it).
 
 :class:`EngineMetrics` owns a dedicated registry (not the process-global one) and serves it.
 """
@@ -40,6 +44,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from kafka import TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
@@ -47,10 +52,12 @@ from prometheus_client.registry import Collector
 
 from quotastream.client import remaining_throttle_ms
 from quotastream.outage import OutageStatus
+from state.entities import parse_entity_key
 from state.live_config import Mode
 from state.quota_types import QuotaType
 from streaming import stages
-from streaming.offsets import lost_offsets, records_read
+from streaming.kafka_clients import new_consumer, true_end_offsets
+from streaming.offsets import Offsets, checkpoint_offsets, lost_offsets, records_read
 from streaming.source_status import read_status
 
 log = logging.getLogger(__name__)
@@ -77,9 +84,21 @@ REDIS_WRITE_FAILURES = "quotastream_redis_write_failures_total"
 SOURCE_DATA_LOSS = "quotastream_source_data_loss_total"
 KAFKA_OUTAGE = "quotastream_kafka_outage_seconds"
 KAFKA_OUTAGES = "quotastream_kafka_outages_total"
+INPUT_BACKLOG = "quotastream_input_backlog_records"
 
-#: Labels of the per-entity series.
-ENTITY_LABELS = ("quota", "entity")
+#: Kafka's own names for the parts of an entity key (its metric tags, and the broker, topic and
+#: partition of broker quotas), as labels: entity key part -> label. They repeat what ``entity``
+#: says, so that ``sum by (user)`` works; they add no series (each is a function of ``entity``).
+KAFKA_LABELS = {
+    "user": "user",
+    "client-id": "client_id",
+    "broker": "broker",
+    "topic": "topic",
+    "partition": "partition",
+}
+
+#: Labels of the per-entity series; a Kafka label the entity does not have is empty.
+ENTITY_LABELS = ("quota", "entity", *KAFKA_LABELS.values())
 
 #: Every metric: name -> (type, labels). Counters are named with their ``_total`` suffix as
 #: exposed; a histogram also exposes ``_bucket``, ``_sum`` and ``_count``.
@@ -105,6 +124,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     SOURCE_DATA_LOSS: ("counter", ("topic", "partition")),
     KAFKA_OUTAGE: ("gauge", ()),
     KAFKA_OUTAGES: ("counter", ()),
+    INPUT_BACKLOG: ("gauge", ()),
 }
 
 #: The quota label's values.
@@ -158,6 +178,12 @@ class EntityDecision:
             mode=str(row["mode"]),
             ts=int(row["ts"]),
         )
+
+
+def entity_labels(quota: str, entity: str) -> list[str]:
+    """The values of :data:`ENTITY_LABELS` for one entity's series."""
+    parts = parse_entity_key(entity)
+    return [quota, entity, *(parts.get(part, "") for part in KAFKA_LABELS)]
 
 
 def utilisation(rate: float, limit: float | None) -> float | None:
@@ -525,9 +551,14 @@ class EngineMetrics:
         port: int = 9464,
         keep_ms: int | None = None,
         clock: Callable[[], float] = time.time,
+        input_ends: Callable[[], Offsets] | None = None,
     ) -> None:
         self.host, self.port = host, port
         self.clock = clock
+        #: The events topics' end offsets, asked at scrape time (None: no backlog series).
+        self.input_ends = input_ends
+        #: The event partitions' next offsets, as of the last progress that reported them.
+        self.read_offsets: Offsets = {}
         self.registry = CollectorRegistry(auto_describe=True)
         self.state = MetricsState(top_k, keep_ms)
         self._lock = threading.Lock()
@@ -591,11 +622,24 @@ class EngineMetrics:
         )
         registry.register(_EntityCollector(self))
         registry.register(_KafkaOutageCollector(self))
+        registry.register(_BacklogCollector(self))
 
     @classmethod
-    def from_settings(cls, settings: Any, keep_ms: int | None = None) -> EngineMetrics:
-        """From ``EngineSettings.metrics`` (a :class:`streaming.settings.MetricsSettings`)."""
-        return cls(settings.top_k, host=settings.host, port=settings.port, keep_ms=keep_ms)
+    def from_settings(
+        cls, settings: Any, keep_ms: int | None = None, kafka: Any = None
+    ) -> EngineMetrics:
+        """From ``EngineSettings.metrics`` (a :class:`streaming.settings.MetricsSettings`); with
+        ``kafka`` (``EngineSettings.kafka``) the input backlog is measured too."""
+        input_ends = None
+        if kafka is not None:
+            input_ends = KafkaEnds(kafka.bootstrap_servers, kafka.client_settings(), kafka.topics)
+        return cls(
+            settings.top_k,
+            host=settings.host,
+            port=settings.port,
+            keep_ms=keep_ms,
+            input_ends=input_ends,
+        )
 
     # -- the exporter --
     def serve(self) -> int:
@@ -618,6 +662,8 @@ class EngineMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+        if isinstance(self.input_ends, KafkaEnds):
+            self.input_ends.close()
         self._status_dir.cleanup()
 
     def scrape(self) -> str:
@@ -664,6 +710,14 @@ class EngineMetrics:
                 for source in progress.get("sources") or ()
             )
         )
+        with self._lock:
+            for source in progress.get("sources") or ():
+                read = checkpoint_offsets(source.get("endOffset")) or {}
+                self.read_offsets.update(
+                    (tp, offset)
+                    for tp, offset in read.items()
+                    if self.event_topics is None or tp[0] in self.event_topics
+                )
         self.input_rate.set(_finite(progress.get("inputRowsPerSecond")))
         self.processed_rate.set(_finite(progress.get("processedRowsPerSecond")))
         for source in progress.get("sources") or ():
@@ -706,7 +760,7 @@ class EngineMetrics:
             labels=ENTITY_LABELS,
         )
         for decision in exported:
-            labels = [decision.quota, decision.entity]
+            labels = entity_labels(decision.quota, decision.entity)
             rate.add_metric(labels, decision.rate)
             throttle.add_metric(labels, decision.throttle_ms_at(now_ms) / 1000)
             share = decision.utilisation
@@ -764,6 +818,80 @@ class _KafkaOutageCollector(Collector):
 
     def describe(self) -> Iterable[Metric]:
         return [GaugeMetricFamily(KAFKA_OUTAGE, ""), CounterMetricFamily(KAFKA_OUTAGES, "")]
+
+
+class _BacklogCollector(Collector):
+    """Records in the events topics the query has not read yet: end offsets now, asked of Kafka,
+    minus the offsets last read. Absent until a progress reports offsets read, and while Kafka
+    does not answer (``quotastream_kafka_outage_seconds`` covers that)."""
+
+    def __init__(self, metrics: EngineMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        metrics = self._metrics
+        with metrics._lock:
+            read = dict(metrics.read_offsets)
+        if metrics.input_ends is None or not read:
+            return []
+        try:
+            ends = metrics.input_ends()
+        except Exception as error:  # a scrape answers what it can; the source reports outages
+            log.debug("input backlog not measured: %s", error)
+            return []
+        backlog = sum(max(end - read.get(tp, 0), 0) for tp, end in ends.items())
+        return [
+            GaugeMetricFamily(
+                INPUT_BACKLOG,
+                "Records in the events topics not read yet (end offsets minus offsets read)",
+                value=backlog,
+            )
+        ]
+
+    def describe(self) -> Iterable[Metric]:
+        return [GaugeMetricFamily(INPUT_BACKLOG, "")]
+
+
+class KafkaEnds:
+    """The events topics' end offsets, asked of Kafka with a consumer of the exporter's own.
+
+    Outside the query on purpose: a query stuck in a micro-batch polls nothing, so only a
+    separate reader sees input arriving meanwhile. One request per scrape, each bounded by
+    ``timeout_ms``; scrapes are serialised (one consumer is not thread-safe).
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        client: Mapping[str, Any],
+        topics: Collection[str],
+        timeout_ms: int = 2_000,
+    ) -> None:
+        self._bootstrap_servers = bootstrap_servers
+        self._client = dict(client)
+        self._topics = list(topics)
+        self._timeout_ms = timeout_ms
+        self._consumer: Any = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Offsets:
+        with self._lock:
+            if self._consumer is None:
+                self._consumer = new_consumer(
+                    self._bootstrap_servers, self._client, self._timeout_ms
+                )
+            partitions = [
+                TopicPartition(topic, partition)
+                for topic in self._topics
+                for partition in sorted(self._consumer.partitions_for_topic(topic) or ())
+            ]
+            return true_end_offsets(self._consumer, partitions, self._timeout_ms)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._consumer is not None:
+                self._consumer.close()
+                self._consumer = None
 
 
 def _listener(metrics: EngineMetrics, query_id: str) -> Any:

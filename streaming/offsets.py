@@ -70,7 +70,7 @@ def lost_offsets(start: object, end: object) -> list[LostOffsets]:
 
     Anything else (another source's offsets, none) has none.
     """
-    begin, until = _checkpoint_offsets(start), _checkpoint_offsets(end)
+    begin, until = checkpoint_offsets(start), checkpoint_offsets(end)
     if begin is None or until is None:
         return []
     return [
@@ -84,7 +84,7 @@ def records_read(start: object, end: object, topics: Collection[str] | None = No
     """How many Kafka records a micro-batch read, from Spark's progress (offsets as for
     :func:`lost_offsets`), counting only ``topics`` (None: all; the configuration log's offset
     is a version, not records read). A partition that restarted counts from 0."""
-    begin, until = _checkpoint_offsets(start), _checkpoint_offsets(end)
+    begin, until = checkpoint_offsets(start), checkpoint_offsets(end)
     if until is None:
         return 0
     begin = begin or {}
@@ -95,7 +95,9 @@ def records_read(start: object, end: object, topics: Collection[str] | None = No
     )
 
 
-def _checkpoint_offsets(value: object) -> Offsets | None:
+def checkpoint_offsets(value: object) -> Offsets | None:
+    """Offsets as Spark's progress reports them (the checkpoint form, or its JSON text); None
+    when absent or not offsets."""
     if isinstance(value, str):
         try:
             value = json.loads(value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,11 @@ from streaming.metrics import (
     BatchSummary,
     EngineMetrics,
     EntityDecision,
+    KafkaEnds,
     MetricsState,
     SummaryRequest,
 )
+from streaming.services import LocalService
 from streaming.settings import EngineSettings, load_engine_settings
 from streaming.stages import DECISION_SCHEMA
 
@@ -63,6 +66,20 @@ def samples(text: str, name: str) -> dict[str, float]:
     return found
 
 
+def labels_of(key: str) -> dict[str, str]:
+    """The labels of one sample, from its ``{name="value",...}`` text."""
+    return dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', key))
+
+
+def per_entity(text: str, name: str) -> dict[tuple[str, str], float]:
+    """``{(quota, entity): value}`` of one per-entity metric in the exposition text."""
+    found = {}
+    for key, value in samples(text, name).items():
+        labels = labels_of(key)
+        found[labels["quota"], labels["entity"]] = value
+    return found
+
+
 def test_the_exported_set_is_bounded_by_top_k_per_quota_plus_the_throttled() -> None:
     state = MetricsState(top_k=10)
     quiet = [decision(f"user=u{i},broker=1", rate=float(i % 900)) for i in range(10_000)]
@@ -94,11 +111,8 @@ def test_entities_leaving_the_set_disappear_from_the_exposition() -> None:
     # c overtakes b: b's series go.
     metrics.state.fold([decision("user=c", 950.0)], NOW + 1000)
     text = metrics.scrape()
-    rates = samples(text, names.BYTE_RATE)
-    assert set(rates) == {
-        '{entity="user=a",quota="produce"}',
-        '{entity="user=c",quota="produce"}',
-    }
+    rates = per_entity(text, names.BYTE_RATE)
+    assert set(rates) == {("produce", "user=a"), ("produce", "user=c")}
     assert "user=b" not in text
 
 
@@ -124,12 +138,12 @@ def test_unlimited_entities_have_no_limit_or_utilisation_series() -> None:
         NOW,
     )
     text = metrics.scrape()
-    assert set(samples(text, names.BYTE_RATE)) == {
-        '{entity="user=free",quota="produce"}',
-        '{entity="user=capped",quota="produce"}',
+    assert set(per_entity(text, names.BYTE_RATE)) == {
+        ("produce", "user=free"),
+        ("produce", "user=capped"),
     }
-    assert set(samples(text, names.QUOTA_LIMIT)) == {'{entity="user=capped",quota="produce"}'}
-    assert samples(text, names.QUOTA_UTILISATION) == {'{entity="user=capped",quota="produce"}': 0.5}
+    assert set(per_entity(text, names.QUOTA_LIMIT)) == {("produce", "user=capped")}
+    assert per_entity(text, names.QUOTA_UTILISATION) == {("produce", "user=capped"): 0.5}
 
 
 def test_shadow_and_released_decisions_are_not_throttled() -> None:
@@ -201,8 +215,8 @@ def test_a_writer_summary_keeps_top_k_throttled_and_tracked_rows_only() -> None:
     assert samples(text, names.TIMERS_PENDING) == {"": 1.0}
     assert samples(text, names.EVENT_LAG) == {"": 0.25}
     assert samples(text, names.CONFIG_VERSION) == {"": 3.0}
-    throttle = samples(text, names.THROTTLE_TIME)
-    assert 0 < throttle['{entity="user=hot",quota="produce"}'] <= 9.0
+    throttle = per_entity(text, names.THROTTLE_TIME)
+    assert 0 < throttle["produce", "user=hot"] <= 9.0
     # A shard's counts are cumulative: only the increase is counted again.
     timers_later = [
         {"kind": "timers", "shard": 2, "timers_pending": 0, "timers_fired": 5,
@@ -240,7 +254,7 @@ def test_progress_feeds_the_batch_metrics() -> None:
 
 
 def test_every_contract_name_is_exposed_with_its_labels() -> None:
-    metrics = EngineMetrics(top_k=5, port=0)
+    metrics = EngineMetrics(top_k=5, port=0, input_ends=lambda: {("t", 0): 12})
     metrics.state.fold([decision("user=a", 2000.0, throttle_ms=5000)], NOW)
     metrics.dead_letter.labels(reason="invalid_json").inc()
     metrics.remote_log_size.labels(topic="t", partition="0").set(1)
@@ -306,3 +320,74 @@ def test_a_log_that_restarted_below_the_batch_start_is_counted_and_logged(
     text = metrics.scrape()
     assert samples(text, names.SOURCE_DATA_LOSS) == {'{partition="0",topic="events"}': 1.0}
     assert "events-0: the log restarted at 40 below offset 500" in caplog.text
+
+
+def test_per_entity_series_carry_kafkas_label_names() -> None:
+    """``sum by (user)`` and friends: each part of the entity key is a label of its own, under
+    Kafka's tag name, empty where the entity has no such part; no series is added."""
+    metrics = EngineMetrics(top_k=10, port=0)
+    entities = {
+        ("produce", "user=al%2Cice,client-id=app%3D1,broker=1"): {
+            "user": "al,ice", "client_id": "app=1", "broker": "1", "topic": "", "partition": ""
+        },
+        ("produce", "user=bob,broker=2"): {
+            "user": "bob", "client_id": "", "broker": "2", "topic": "", "partition": ""
+        },
+        ("fetch", "client-id=app2"): {
+            "user": "", "client_id": "app2", "broker": "", "topic": "", "partition": ""
+        },
+        ("remote_copy", "broker=3,topic=orders,partition=7"): {
+            "user": "", "client_id": "", "broker": "3", "topic": "orders", "partition": "7"
+        },
+        ("remote_fetch", "cluster"): {
+            "user": "", "client_id": "", "broker": "", "topic": "", "partition": ""
+        },
+    }  # fmt: skip
+    metrics.state.fold([decision(entity, 500.0, quota=quota) for quota, entity in entities], NOW)
+    text = metrics.scrape()
+    for name in (names.BYTE_RATE, names.QUOTA_LIMIT, names.QUOTA_UTILISATION, names.THROTTLE_TIME):
+        exposed = {}
+        for key in samples(text, name):
+            labels = labels_of(key)
+            exposed[labels.pop("quota"), labels.pop("entity")] = labels
+        assert exposed == entities, name
+
+
+def test_kafka_labels_add_no_series_beyond_the_bounded_set() -> None:
+    metrics = EngineMetrics(top_k=3, port=0)
+    metrics.state.fold(
+        [
+            decision(f"user=u{i % 50},client-id=c{i},broker={i % 7}", rate=float(i))
+            for i in range(5_000)
+        ],
+        NOW,
+    )
+    rates = samples(metrics.scrape(), names.BYTE_RATE)
+    assert len(rates) == 3
+    assert {labels_of(key)["client_id"] for key in rates} == {"c4997", "c4998", "c4999"}
+
+
+def test_the_input_backlog_is_end_offsets_asked_of_kafka_minus_the_offsets_read(
+    kafka: LocalService,
+) -> None:
+    """Against a real broker: what Kafka holds beyond the last progress's offsets. Before any
+    progress the backlog is unknown (absent), not 0: a stalled first batch is not an idle one."""
+    from tests.test_streaming import publish  # noqa: PLC0415 (it imports this module)
+
+    topic = f"backlog-{uuid.uuid4().hex[:8]}"
+    publish(kafka, topic, [b"{}"] * 10, partitions=2)
+    ends = KafkaEnds(kafka.address, {}, [topic])
+    metrics = EngineMetrics(port=0, input_ends=ends)
+    try:
+        assert samples(metrics.scrape(), names.INPUT_BACKLOG) == {}
+        metrics.event_topics = [topic]
+        read = {topic: {"0": 5, "1": 2}, "quotastream.config": {"0": 40}}
+        metrics.record_progress({"sources": [{"startOffset": None, "endOffset": json.dumps(read)}]})
+        assert samples(metrics.scrape(), names.INPUT_BACKLOG) == {"": 3.0}  # 5 + 5 - 5 - 2
+        publish(kafka, topic, [b"{}"] * 4, partitions=2, create=False)
+        assert samples(metrics.scrape(), names.INPUT_BACKLOG) == {"": 7.0}
+        caught_up = {topic: {"0": 7, "1": 7}}
+        metrics.record_progress({"sources": [{"startOffset": None, "endOffset": caught_up}]})
+        assert samples(metrics.scrape(), names.INPUT_BACKLOG) == {"": 0.0}
+    finally:
+        metrics.close()

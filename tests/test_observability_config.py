@@ -6,6 +6,7 @@ promtool (Debian package ``prometheus``, installed by scripts/bootstrap) and com
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shutil
@@ -19,7 +20,7 @@ import pytest
 import yaml
 
 from deploy import dashboards
-from deploy.metrics import CONTRACT_METRIC_NAMES, queryable_names
+from deploy.metrics import CONTRACT_METRIC_NAMES, agent_metric_names, queryable_names
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = ROOT / "conf" / "prometheus"
@@ -142,18 +143,50 @@ def test_committed_dashboards_match_the_generator() -> None:
     assert committed == dashboards.render(), "run: .venv/bin/python -m deploy.dashboards"
 
 
-def test_dashboard_uids_are_unique_and_use_the_provisioned_datasource() -> None:
-    datasource = yaml.safe_load(
-        (ROOT / "conf/grafana/provisioning/datasources/prometheus.yml").read_text()
-    )["datasources"][0]
-    uids = []
-    for text in dashboards.render().values():
-        board = json.loads(text)
-        uids.append(board["uid"])
-        for panel in board["panels"]:
-            assert panel["datasource"]["uid"] == datasource["uid"], panel["title"]
-            assert panel["targets"], panel["title"]
+def test_dashboard_uids_are_unique() -> None:
+    uids = [json.loads(text)["uid"] for text in dashboards.render().values()]
     assert len(set(uids)) == len(uids) == 4
+
+
+def _datasource_refs(node: Any, where: str) -> Iterator[tuple[str, Any]]:
+    """Every ``datasource`` reference in a dashboard, wherever it is nested."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "datasource":
+                yield where, value
+            else:
+                yield from _datasource_refs(value, f"{where}.{key}")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _datasource_refs(value, f"{where}[{index}]")
+
+
+def test_dashboards_take_their_datasource_as_an_input_that_provisioning_resolves() -> None:
+    """Importable into any Grafana (``__inputs``) and still working when provisioned: every
+    reference is ``${DS_PROMETHEUS}``, which the import fills in and which, provisioned, is the
+    dashboard's data source variable, defaulting to the provisioned (default) Prometheus."""
+    provisioned = yaml.safe_load(
+        (ROOT / "conf/grafana/provisioning/datasources/prometheus.yml").read_text()
+    )["datasources"]
+    assert [(d["type"], d["isDefault"]) for d in provisioned] == [("prometheus", True)]
+    for path in sorted(dashboards.DASHBOARD_DIR.glob("*.json")):
+        board = json.loads(path.read_text())
+        inputs = board["__inputs"]
+        assert [(i["name"], i["type"], i["pluginId"]) for i in inputs] == [
+            ("DS_PROMETHEUS", "datasource", "prometheus")
+        ], path.name
+        variables = {v["name"]: v for v in board["templating"]["list"]}
+        assert variables["DS_PROMETHEUS"]["type"] == "datasource", path.name
+        assert variables["DS_PROMETHEUS"]["query"] == "prometheus", path.name
+        refs = list(_datasource_refs(board, path.name))
+        panels = board["panels"]
+        # Each panel, each of its targets and each query variable names the data source.
+        assert len(refs) == len(panels) + sum(len(p["targets"]) for p in panels) + sum(
+            v["type"] == "query" for v in variables.values()
+        )
+        for where, ref in refs:
+            assert ref == {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}, where
+        assert all(panel["targets"] for panel in panels), path.name
 
 
 def test_every_dashboard_expr_parses_in_promtool(tmp_path: Path) -> None:
@@ -213,5 +246,44 @@ def test_compose_wires_the_exporter_to_prometheus() -> None:
     assert engine_env["QUOTASTREAM_METRICS__HOST"] == "0.0.0.0"
     port = engine_env["QUOTASTREAM_METRICS__PORT"]
     scrape = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())["scrape_configs"]
-    targets = [t for job in scrape for c in job["static_configs"] for t in c["targets"]]
+    targets = [t for job in scrape for c in job.get("static_configs", []) for t in c["targets"]]
     assert f"engine:{port}" in targets
+
+
+def _alert_commands() -> Iterator[tuple[str, list[str]]]:
+    """The ``quotastream ...`` commands quoted in alert texts, as argument lists."""
+    for rule in _rules():
+        for text in rule.get("annotations", {}).values():
+            for quoted in re.findall(r"`(quotastream [^`]*)`", " ".join(text.split())):
+                yield rule["alert"], quoted.split()[1:]
+
+
+def test_alert_texts_name_commands_and_options_that_exist() -> None:
+    """What an alert tells the on-call person to run must run: each subcommand answers
+    ``--help`` and lists every option the text uses."""
+    cli = _tool("quotastream")
+    commands = list(_alert_commands())
+    assert len(commands) >= 4
+    for alert, argv in commands:
+        subcommand = list(itertools.takewhile(lambda arg: not arg.startswith("-"), argv))
+        result = subprocess.run(
+            [cli, *subcommand, "--help"], capture_output=True, text=True, cwd=ROOT, check=False
+        )
+        assert result.returncode == 0, f"{alert}: quotastream {' '.join(subcommand)}: {result}"
+        for option in (arg for arg in argv if arg.startswith("--")):
+            assert option in result.stdout, f"{alert}: {option} not in {subcommand} --help"
+
+
+def test_prometheus_scrapes_the_agents_that_the_agent_alert_is_about() -> None:
+    """The agents' job reads target files from the mounted directory; the alert reads the cached
+    client's own metric names, so a scraped agent can trigger it."""
+    config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    patterns = [f for sd in jobs["quotastream-agents"]["file_sd_configs"] for f in sd["files"]]
+    target_files = [path for pattern in patterns for path in PROMETHEUS.glob(pattern)]
+    assert target_files, f"no file matches {patterns} under {PROMETHEUS}"
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert "./conf/prometheus:/etc/prometheus:ro" in compose["services"]["prometheus"]["volumes"]
+    agent_alerts = [r for r in _rules() if "quotastream_agent_answers_total" in r.get("expr", "")]
+    assert [r["alert"] for r in agent_alerts] == ["QuotastreamAgentsFailing"]
+    assert "quotastream_agent_answers_total" in agent_metric_names()

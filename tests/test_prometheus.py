@@ -23,7 +23,13 @@ from pyspark.sql import SparkSession
 from quotastream import QuotaClient
 from state.config import parse_quota_config
 from streaming.job import start_query
-from streaming.metrics import QUOTA_UTILISATION, THROTTLE_TIME, THROTTLED_ENTITIES, EngineMetrics
+from streaming.metrics import (
+    INPUT_BACKLOG,
+    QUOTA_UTILISATION,
+    THROTTLE_TIME,
+    THROTTLED_ENTITIES,
+    EngineMetrics,
+)
 from streaming.services import LocalService, free_port
 from streaming.settings import EngineSettings
 from tests.factories import produce
@@ -117,7 +123,10 @@ def test_prometheus_sees_a_throttled_client(
     settings = settings.model_copy(
         update={"metrics": settings.metrics.model_copy(update={"port": 0})}
     )
-    metrics = EngineMetrics.from_settings(settings.metrics, keep_ms=settings.redis.keep_ms)
+    # As `quotastream run` makes it: with the Kafka settings, for the input backlog.
+    metrics = EngineMetrics.from_settings(
+        settings.metrics, keep_ms=settings.redis.keep_ms, kafka=settings.kafka
+    )
     port = metrics.serve()
     assert metrics.bound_address == ("127.0.0.1", port)
     agent = QuotaClient.connect(redis_server.host, redis_server.port, prefix=topic, config=config)
@@ -151,6 +160,20 @@ def test_prometheus_sees_a_throttled_client(
         assert (first_value(prometheus, "quotastream_input_events_total") or 0) > 0
         up = first_value(prometheus, 'up{job="quotastream"}')
         assert up == 1.0
+        # Kafka's own label names aggregate as in Kafka's metrics: by user.
+        by_user = prometheus.query(f'sum by (user) ({QUOTA_UTILISATION}{{quota="produce"}})')
+        assert [sample["metric"] for sample in by_user] == [{"user": "alice"}]
+        # The backlog is asked of Kafka at each scrape: once the traffic stops and the query has
+        # read everything, it is 0 (an idle cluster, which the stalled-engine alert ignores).
+        traffic.stop()
+        traffic = None
+        backlog_deadline = time.monotonic() + 90
+        backlog = first_value(prometheus, INPUT_BACKLOG)
+        while backlog != 0 and time.monotonic() < backlog_deadline:
+            assert query.isActive, query.exception()
+            time.sleep(0.5)
+            backlog = first_value(prometheus, INPUT_BACKLOG)
+        assert backlog == 0
         print(
             f"prometheus saw throttle {throttle} s, utilisation {utilisation} "
             f"({75 - found_at:.1f} s after the query started)"
