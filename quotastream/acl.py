@@ -14,11 +14,13 @@ ENGINE_USER = "quotastream-engine"
 AGENT_USER = "quotastream-agent"
 
 #: What the sink sends (pipelined, without MULTI): decisions (``eval`` of a script that runs
-#: ``set`` per key: the script's commands are checked against these rules too), remote log sizes
-#: (``set``, ``del``), timer counts (``hset``), release notices (``publish``); ``get`` for checks.
+#: ``set`` per key: the script's commands are checked against these rules too), the live
+#: configuration (``eval`` of a script that runs ``get`` and ``set``), remote log sizes (``set``,
+#: ``del``), timer counts (``hset``), release notices (``publish``); ``get`` for checks.
 ENGINE_COMMANDS = ("set", "get", "del", "hset", "publish", "eval")
-#: What ``QuotaClient`` sends: ``get`` (decisions, remote log sizes), ``hgetall`` (timer counts),
-#: ``mget`` (several keys at once), and the pub/sub commands ``wait_until_released`` uses.
+#: What ``QuotaClient`` sends: ``get`` (decisions, remote log sizes, the live configuration),
+#: ``hgetall`` (timer counts), ``mget`` (several keys at once), and the pub/sub commands
+#: ``wait_until_released`` uses.
 AGENT_COMMANDS = (
     "get",
     "mget",

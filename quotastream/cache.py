@@ -8,8 +8,15 @@ or fail closed (``fail_closed_delay_ms``). Each ``Answer`` says where it came fr
 
 An outage is logged once when it begins and once when it ends, and counted (``errors``, or the
 Prometheus counter ``quotastream_agent_redis_errors_total`` in the ``registry`` given); while Redis
-is down, lookups answer at once and Redis is tried again once per ``backoff_ms``. See
-``docs/agents.md``.
+is down, lookups answer at once and Redis is tried again once per ``backoff_ms``. A key that holds
+something other than a decision (corrupt, or written by another program) is answered the same way
+as an unreachable Redis, for that key only: counted (``corrupt_values``,
+``quotastream_agent_corrupt_values_total``) and logged once per key.
+
+``for_client`` resolves clients with the live configuration the engine publishes
+(``QuotaClient.follow_live_config``), checked at most once per ``max_staleness_ms``: an agent
+reads a client's new counter at most that long after the engine first writes it, the same bound
+as for any decision it caches. See ``docs/agents.md``.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from typing import Any
 import redis
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from quotastream.client import Decision, QuotaClient
+from quotastream.client import CorruptValueError, Decision, QuotaClient
 from quotastream.outage import Outage
 from state.config import QuotaConfig
 
@@ -95,6 +102,10 @@ class Answer:
         return self.source in (Source.STALE, Source.FAIL_OPEN, Source.FAIL_CLOSED)
 
 
+#: The corrupt-value record of the published live configuration (either of its keys).
+_LIVE_CONFIG = ("live_config", "")
+
+
 def _wall_clock_ms() -> int:
     return int(time.time() * 1000)
 
@@ -130,6 +141,10 @@ class CachedQuotaClient:
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._entities: dict[tuple[str, str, str, int], str] = {}
+        #: Counts the changes of the configuration clients are resolved with: an entity resolved
+        #: under an older one is not remembered.
+        self._resolver_generation = 0
+        self._live_config_checked_at: float | None = None
         # An agent never gives up on Redis: it answers by its failure policy meanwhile.
         self._outage = Outage(
             f"Redis {name}",
@@ -143,8 +158,15 @@ class CachedQuotaClient:
             logger=log,
         )
         self._retry_at = 0.0
+        self._meanwhile = (
+            f"answering from cached decisions up to {self.settings.fail_open_staleness_ms} ms "
+            f"old, else failing {self.settings.failure_policy.value}, until it holds a decision"
+        )
         #: Lookups answered without trying Redis because it was down (within the backoff).
         self.skipped = 0
+        #: Values read that were not decisions (each answered by the failure policy).
+        self.corrupt_values = 0
+        self._corrupt_keys: set[tuple[str, str]] = set()
         self._metrics = _Metrics(registry) if registry is not None else None
 
     @staticmethod
@@ -216,8 +238,14 @@ class CachedQuotaClient:
             with self._lock:
                 self._failed(error)
                 return self._unreachable(self._entries.get(key), self._clock())
+        except CorruptValueError as error:
+            with self._lock:
+                self._recovered()  # Redis answered
+                self._corrupt(key, error, self._meanwhile)
+                return self._unreachable(self._entries.get(key), self._clock())
         with self._lock:
             self._recovered()
+            self._corrupt_keys.discard(key)
             self._entries[key] = _Entry(decision, self._clock())
             self._entries.move_to_end(key)
             while len(self._entries) > self.settings.max_entries:
@@ -225,15 +253,56 @@ class CachedQuotaClient:
             return self._answer(decision, Source.FRESH, 0)
 
     def for_client(self, quota: str, user: str, client_id: str, broker: int) -> Answer:
-        """The answer for a client (its entity is resolved locally once, then remembered)."""
+        """The answer for a client. Its entity is resolved locally with the live configuration
+        (checked at most once per ``max_staleness_ms``), and remembered until that changes."""
+        self._follow_live_config()
         key = (quota, user, client_id, broker)
         entity = self._entities.get(key)
         if entity is None:
+            generation = self._resolver_generation
             entity = self.client.entity_of_client(quota, user, client_id, broker)
-            if len(self._entities) >= self.settings.max_entries:
-                self._entities.clear()
-            self._entities[key] = entity
+            with self._lock:
+                if generation == self._resolver_generation:
+                    if len(self._entities) >= self.settings.max_entries:
+                        self._entities.clear()
+                    self._entities[key] = entity
         return self.lookup(quota, entity)
+
+    def _follow_live_config(self) -> None:
+        """Checks the published configuration version if it was not checked within
+        ``max_staleness_ms``; a failed check is an outage or a corrupt value like a lookup's,
+        and clients stay resolved as before."""
+        now = self._clock()
+        with self._lock:
+            checked_at = self._live_config_checked_at
+            if checked_at is not None and now - checked_at < self.settings.max_staleness_ms / 1000:
+                return
+            if self._outage.down and now < self._retry_at:
+                return
+            self._live_config_checked_at = now
+            if self._outage.down:
+                self._retry_at = now + self.settings.backoff_ms / 1000
+        try:
+            changed = self.client.follow_live_config()
+        except UNREACHABLE as error:
+            with self._lock:
+                self._failed(error)
+            return
+        except CorruptValueError as error:
+            with self._lock:
+                self._recovered()
+                self._corrupt(
+                    _LIVE_CONFIG,
+                    error,
+                    "resolving clients as before until it holds a published configuration",
+                )
+            return
+        with self._lock:
+            self._recovered()
+            self._corrupt_keys.discard(_LIVE_CONFIG)
+            if changed:
+                self._resolver_generation += 1
+                self._entities.clear()
 
     def invalidate(self) -> None:
         """Forget every cached decision (the next lookups read Redis)."""
@@ -270,6 +339,16 @@ class CachedQuotaClient:
         if self._outage.failed(error) and self._metrics is not None:
             self._metrics.up.set(0)
 
+    def _corrupt(self, key: tuple[str, str], error: CorruptValueError, meanwhile: str) -> None:
+        self.corrupt_values += 1
+        if self._metrics is not None:
+            self._metrics.corrupt.inc()
+        if key not in self._corrupt_keys:
+            if len(self._corrupt_keys) >= self.settings.max_entries:
+                self._corrupt_keys.clear()
+            self._corrupt_keys.add(key)
+            log.warning("%s; %s", error, meanwhile)
+
     def _recovered(self) -> None:
         if self._outage.recovered() is not None and self._metrics is not None:
             self._metrics.up.set(1)
@@ -288,6 +367,12 @@ class _Metrics:
             "quotastream_agent_answers",
             "Lookups answered, by source (fresh, cached, stale, fail_open, fail_closed)",
             ["source"],
+            registry=registry,
+        )
+        self.corrupt = Counter(
+            "quotastream_agent_corrupt_values",
+            "Values read that are not decisions (corrupt, or written by something else); each "
+            "answered as if Redis were unreachable",
             registry=registry,
         )
         self.up = Gauge(

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
+import msgspec
 import pandas as pd
 import redis
 from redis.backoff import NoBackoff
@@ -15,15 +16,29 @@ from redis.retry import Retry
 from quotastream.keys import (
     decision_key,
     decision_patterns,
+    live_config_key,
+    live_config_version_key,
     release_channel,
     remote_log_key,
     timers_key,
 )
-from state.config import QuotaConfig
+from quotastream.published_config import PublishedConfig, PublishedVersion
+from state.config import QuotaConfig, parse_quota_config
+from state.configfile import ConfigError
 from state.core import QuotaCore
 from state.events import parse_events
 from state.leader_epochs import breach
 from state.throttle_timers import TimerStats
+
+
+class CorruptValueError(ValueError):
+    """A key holds a value the engine does not write there: corrupt, or written by something
+    else. Agents treat it as a failed read (``docs/agents.md``)."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key} does not hold a quotastream value: {problem}")
+        self.key = key
+        self.problem = problem
 
 
 @dataclass(frozen=True)
@@ -47,10 +62,27 @@ class Decision:
     #: ended it); None while it is pending, or when there was none.
     released_at: int | None = None
 
+    @staticmethod
+    def from_json(key: str, quota: str, entity: str, raw: bytes) -> Decision:
+        """The decision stored at ``key`` for (``quota``, ``entity``); fields the engine may add
+        later are ignored, a missing or mistyped one raises :class:`CorruptValueError`."""
+        try:
+            decision = _DECISION.decode(raw)
+        except msgspec.MsgspecError as exc:
+            raise CorruptValueError(key, str(exc)) from None
+        if (decision.quota, decision.entity) != (quota, entity):
+            raise CorruptValueError(
+                key, f"it is the decision of {decision.quota} {decision.entity!r}"
+            )
+        return decision
+
     def throttle_ms_now(self, now_ms: int | None = None) -> int:
         """How long the entity is still throttled, from now (0 for a decision not enforced)."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
         return remaining_throttle_ms(self.until, self.released_at, self.enforced, now)
+
+
+_DECISION = msgspec.json.Decoder(Decision)
 
 
 def remaining_throttle_ms(until: int, released_at: int | None, enforced: bool, now_ms: int) -> int:
@@ -115,13 +147,36 @@ class RemoteLog:
         )
 
 
+@dataclass(frozen=True)
+class _Resolver:
+    """What clients are resolved with: a quota configuration, and where it came from."""
+
+    core: QuotaCore | None  # None: no configuration to resolve with
+    #: The published live configuration's identity; None: the static quota file.
+    published: PublishedVersion | None = None
+
+
+_T = TypeVar("_T")
+_PUBLISHED_VERSION = msgspec.json.Decoder(PublishedVersion)
+_PUBLISHED_CONFIG = msgspec.json.Decoder(PublishedConfig)
+
+
 class QuotaClient:
+    """Reads decisions, and resolves a client's counter as the engine does.
+
+    ``config`` is the static quota file. Clients are resolved with the live configuration the
+    engine publishes (:mod:`quotastream.published_config`) whenever there is one, and with
+    ``config`` while none is published: ``for_client`` reads the published version in the same
+    round trip as the decision, and rebuilds the resolver when it changes.
+    """
+
     def __init__(
         self, client: redis.Redis, prefix: str = "quotastream", config: QuotaConfig | None = None
     ) -> None:
         self._redis = client
         self._prefix = prefix
-        self._core = QuotaCore(config) if config is not None else None
+        self._static = _Resolver(QuotaCore(config) if config is not None else None)
+        self._resolver = self._static
 
     @staticmethod
     def connect(
@@ -147,12 +202,11 @@ class QuotaClient:
         return QuotaClient(redis.Redis(host=host, port=port, **redis_options), prefix, config)
 
     def lookup(self, quota: str, entity: str) -> Decision | None:
-        """The decision for an entity key (``user=alice,client-id=app1,broker=1``), if any."""
-        raw = self._redis.get(decision_key(self._prefix, quota, entity))
-        if raw is None:
-            return None
-        assert isinstance(raw, bytes)
-        return Decision(**json.loads(raw))
+        """The decision for an entity key (``user=alice,client-id=app1,broker=1``), if any.
+
+        Raises :class:`CorruptValueError` when the key holds something else."""
+        key = decision_key(self._prefix, quota, entity)
+        return _decision(key, quota, entity, self._redis.get(key))
 
     def wait_until_released(self, quota: str, entity: str, timeout_s: float) -> Decision | None:
         """Block until the entity's throttle ends, woken by the engine's release notice.
@@ -178,11 +232,15 @@ class QuotaClient:
 
     def remote_log(self, topic: str, partition: int) -> RemoteLog:
         """A partition's remote log sizes in one round trip (empty when it has none)."""
-        raw = self._redis.get(remote_log_key(self._prefix, topic, partition))
+        key = remote_log_key(self._prefix, topic, partition)
+        raw = self._redis.get(key)
         if raw is None:
             return RemoteLog(topic, partition, 0, {}, [])
         assert isinstance(raw, bytes)
-        return RemoteLog.of(json.loads(raw))
+        try:
+            return RemoteLog.of(msgspec.json.decode(raw))
+        except (msgspec.MsgspecError, LookupError, TypeError, ValueError, AttributeError) as exc:
+            raise CorruptValueError(key, f"{type(exc).__name__}: {exc}") from None
 
     def timer_counts(self) -> TimerStats:
         """Throttle timers summed over the engine's shards (as each last reported)."""
@@ -193,12 +251,72 @@ class QuotaClient:
         )
 
     def for_client(self, quota: str, user: str, client_id: str, broker: int) -> Decision | None:
-        """The decision that applies to a client, whichever counter its quota level uses."""
-        return self.lookup(quota, self.entity_of_client(quota, user, client_id, broker))
+        """The decision that applies to a client, whichever counter its quota level uses under
+        the live configuration: one round trip, unless the published version changed."""
+        if self._resolver.core is None:
+            # Nothing to resolve with yet but what the engine may have published.
+            self.follow_live_config()
+            return self.lookup(quota, self.entity_of_client(quota, user, client_id, broker))
+        entity = self.entity_of_client(quota, user, client_id, broker)
+        key = decision_key(self._prefix, quota, entity)
+        pipeline = self._redis.pipeline(transaction=False)
+        pipeline.get(live_config_version_key(self._prefix))
+        pipeline.get(key)
+        published, raw = pipeline.execute()
+        if self._follow(published):
+            followed = self.entity_of_client(quota, user, client_id, broker)
+            if followed != entity:
+                return self.lookup(quota, followed)
+        return _decision(key, quota, entity, raw)
+
+    @property
+    def config_version(self) -> int | None:
+        """The live configuration version clients are resolved with; None: the static file."""
+        published = self._resolver.published
+        return None if published is None else published.version
+
+    def follow_live_config(self) -> bool:
+        """Resolves clients with the live configuration the engine published last, or with the
+        static file while none is published; True when that changed.
+
+        One ``GET`` of the published version; the configuration itself is read only when its
+        version changed. Raises :class:`CorruptValueError` (and keeps resolving as before) when
+        a key holds something else.
+        """
+        return self._follow(self._redis.get(live_config_version_key(self._prefix)))
+
+    def _follow(self, published_version: object) -> bool:
+        current = self._resolver
+        if published_version is None:
+            self._resolver = self._static
+            return current is not self._static
+        version_key = live_config_version_key(self._prefix)
+        published = _decoded(_PUBLISHED_VERSION, version_key, published_version)
+        if published == current.published:
+            return False
+        document_key = live_config_key(self._prefix)
+        raw = self._redis.get(document_key)
+        if raw is None:  # gone since (evicted, flushed): as if nothing were published
+            self._resolver = self._static
+            return current is not self._static
+        document = _decoded(_PUBLISHED_CONFIG, document_key, raw)
+        try:
+            config = parse_quota_config(document.config, document_key)
+        except ConfigError as exc:
+            raise CorruptValueError(document_key, str(exc)) from None
+        # The admin ``lookup`` resolves with a QuotaCore of the live configuration too.
+        self._resolver = _Resolver(QuotaCore(config), document.identity)
+        return True
 
     def entity_of_client(self, quota: str, user: str, client_id: str, broker: int) -> str:
-        if self._core is None:
-            raise ValueError("resolving a client's entity needs the quota config")
+        """The client's counter under the configuration it is currently resolved with (no
+        round trip: :meth:`for_client` follows the live configuration first)."""
+        core = self._resolver.core
+        if core is None:
+            raise ValueError(
+                "resolving a client's entity needs the quota config: none was given and the "
+                "engine has published none"
+            )
         event = {
             "kind": quota,
             "user": user,
@@ -210,5 +328,20 @@ class QuotaClient:
         parsed = parse_events([json.dumps(event).encode()])
         if not parsed.rejected.empty:
             raise ValueError(str(parsed.rejected["detail"].iloc[0]))
-        entity = self._core.resolve(parsed.accepted)["entity"]
+        entity = core.resolve(parsed.accepted)["entity"]
         return str(pd.Series(entity).iloc[0])
+
+
+def _decision(key: str, quota: str, entity: str, raw: object) -> Decision | None:
+    if raw is None:
+        return None
+    assert isinstance(raw, bytes)
+    return Decision.from_json(key, quota, entity, raw)
+
+
+def _decoded(decoder: msgspec.json.Decoder[_T], key: str, raw: object) -> _T:
+    assert isinstance(raw, bytes)
+    try:
+        return decoder.decode(raw)
+    except msgspec.MsgspecError as exc:
+        raise CorruptValueError(key, str(exc)) from None

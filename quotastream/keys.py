@@ -25,6 +25,17 @@ def remote_log_key(prefix: str, topic: str, partition: int) -> str:
     return f"{prefix}:remote_log_size:{topic}:{partition}"
 
 
+def live_config_key(prefix: str) -> str:
+    """The key holding the live configuration the engine decides with (version and document)."""
+    return f"{prefix}:live_config"
+
+
+def live_config_version_key(prefix: str) -> str:
+    """The key holding only the identity of :func:`live_config_key`'s document: what agents
+    read to notice a change."""
+    return f"{prefix}:live_config_version"
+
+
 def decision_patterns(prefix: str) -> list[str]:
     """``SCAN MATCH`` patterns that find every decision key, and nothing else."""
     return [f"{prefix}:{quota.value}:*" for quota in QuotaType]

@@ -117,9 +117,15 @@ def decode_change(data: bytes) -> Change:
         raise ConfigError(f"unreadable change: {exc}") from None
 
 
+def config_document(config: QuotaConfig) -> dict[str, Any]:
+    """``config`` as the JSON-ready mapping ``parse_quota_config`` reads back: the quota file's
+    names, defaults left out. Changes are applied to it; the engine publishes it to agents."""
+    return config.model_dump(by_alias=True, mode="json", exclude_defaults=True)
+
+
 def apply_change(config: QuotaConfig, change: Change) -> QuotaConfig:
     """``config`` with ``change`` applied, validated in full (:class:`ConfigError` if invalid)."""
-    data = config.model_dump(by_alias=True, mode="json", exclude_defaults=True)
+    data = config_document(config)
     _APPLY[type(change)](data, change)
     return parse_quota_config(data, f"after {describe_change(change)}")
 

@@ -4,6 +4,9 @@ Both writers run on the executors (inside ``mapInArrow``), one pipelined round t
 batch, so no micro-batch is collected to the driver. The key contract is in ``docs/redis.md``.
 Replaying a micro-batch after a crash writes the same values again: Redis ends in the same
 state; the dead-letter topic may hold a reject twice, identified by its source coordinates.
+
+With the first decisions made with a configuration version, the sink publishes that version's
+configuration for agents (:mod:`quotastream.published_config`), in the same pipeline, before them.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from functools import partial
@@ -27,8 +31,9 @@ from redis.retry import Retry
 
 from quotastream.keys import decision_key, release_channel, remote_log_key, timers_key
 from quotastream.outage import Outage
+from quotastream.published_config import publish_arguments
 from state.events import dead_letter_record
-from state.live_config import Mode
+from state.live_config import ConfigVersions, LiveConfig, Mode
 from state.throttle_timers import TimerStats
 from streaming.kafka_clients import kafka_outage, ride_out
 from streaming.metrics import SUMMARY_SCHEMA, BatchSummary, SummaryRequest
@@ -60,9 +65,14 @@ class SinkSettings:
     #: to ``max_backoff_ms``) for at most ``max_outage_s``; then the micro-batch fails.
     max_outage_s: float = 300.0
     max_backoff_ms: int = 500
+    #: The configuration versions decisions are made with, published for agents (None: not
+    #: published).
+    configs: ConfigVersions | None = field(default=None, repr=False)
+    #: This run of the query: what it publishes replaces any earlier run's.
+    run: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @staticmethod
-    def of(settings: EngineSettings) -> SinkSettings:
+    def of(settings: EngineSettings, configs: ConfigVersions | None = None) -> SinkSettings:
         return SinkSettings(
             redis=settings.redis.connection(),
             key_prefix=settings.redis.key_prefix,
@@ -73,6 +83,7 @@ class SinkSettings:
             kafka_max_outage_s=settings.kafka.max_outage_s,
             max_outage_s=settings.redis.max_outage_s,
             max_backoff_ms=settings.redis.max_backoff_ms,
+            configs=configs,
         )
 
     @staticmethod
@@ -173,6 +184,32 @@ def decision_commands(decisions: pa.RecordBatch, settings: SinkSettings, now: in
     return commands
 
 
+#: Per process and query run (prefix, run): the configuration version published last, and when.
+_PUBLISHED: dict[tuple[str, str], tuple[int, int]] = {}
+
+
+def config_to_publish(
+    decisions: pa.RecordBatch, settings: SinkSettings, now: int
+) -> LiveConfig | None:
+    """The configuration to publish with ``decisions``: the newest version they were made with,
+    unless this process published it (or a newer one) for this run less than ``keep_ms`` ago.
+    Published again after ``keep_ms``, so that a Redis that lost it has it again by then."""
+    if settings.configs is None or decisions.num_rows == 0:
+        return None
+    version = pc.max(decisions.column("config_version")).as_py()
+    if version is None:
+        return None
+    last = _PUBLISHED.get((settings.key_prefix, settings.run))
+    if last is not None:
+        last_version, published_at = last
+        # Older: a throttle released under an earlier version; the newer one stays.
+        if version < last_version or (
+            version == last_version and now - published_at < settings.keep_ms
+        ):
+            return None
+    return settings.configs.at(int(version))
+
+
 def write_batches(
     batches: Iterator[pa.RecordBatch],
     settings: SinkSettings,
@@ -190,6 +227,11 @@ def write_batches(
         is_decision = pc.equal(batch.column("row_type"), USAGE)
         decisions = batch.filter(is_decision)
         commands = decision_commands(decisions, settings, now)
+        live = config_to_publish(decisions, settings, now)
+        if live is not None:
+            # First: an agent that reads a decision made with it can read it too.
+            arguments = publish_arguments(settings.key_prefix, live, settings.run)
+            commands.insert(0, ("eval", arguments, {}))
         dead_letters: list[bytes] = []
         prefix = settings.key_prefix
         for row in batch.filter(pc.invert(is_decision)).to_pylist():
@@ -212,6 +254,8 @@ def write_batches(
         if report is not None:
             report.decisions_of(decisions)
         failures = execute_with_retry(client, commands, settings)
+        if live is not None:
+            _PUBLISHED[(settings.key_prefix, settings.run)] = (live.version, now)
         send_dead_letters(dead_letters, settings)
         if report is not None:
             report.redis_failures = failures

@@ -29,7 +29,8 @@ from quotastream.acl import (
     set_user,
     setuser_command,
 )
-from quotastream.keys import release_channel
+from quotastream.keys import live_config_key, live_config_version_key, release_channel
+from state.live_config import ConfigVersions, LiveConfigs, SetClientQuota, encode_change
 from streaming.services import LocalService, start_redis
 from streaming.sinks import SinkSettings, write_batches
 from streaming.stages import DECISION_SCHEMA
@@ -57,6 +58,7 @@ def write(
     rows: list[dict[str, object]],
     username: str | None = None,
     password: str | None = None,
+    configs: ConfigVersions | None = None,
 ) -> None:
     sink = SinkSettings(
         redis={
@@ -66,6 +68,7 @@ def write(
             "password": password,
         },
         key_prefix=PREFIX,
+        configs=configs,
     )
     batch = pa.RecordBatch.from_pylist(rows, schema=DECISION_SCHEMA)
     (counts,) = write_batches(iter([batch]), sink)
@@ -111,7 +114,8 @@ def test_a_recent_decision_is_answered_from_the_cache_without_a_round_trip(
     assert fresh.decision is not None
     assert fresh.decision.entity == ENTITY
     assert 50_000 < fresh.throttle_ms <= 60_000
-    assert get_calls(admin) == before + 1
+    # The decision, and the published configuration's version (at most once per bound).
+    assert get_calls(admin) == before + 2
 
     clock.advance_ms(499)
     hit = client.for_client("produce", user="alice", client_id="other", broker=1)
@@ -121,18 +125,18 @@ def test_a_recent_decision_is_answered_from_the_cache_without_a_round_trip(
         False,
         fresh.decision,
     )
-    assert get_calls(admin) == before + 1  # no round trip
+    assert get_calls(admin) == before + 2  # no round trip
 
     clock.advance_ms(1)  # the bound reached: read again
     again = client.lookup("produce", ENTITY)
     assert again.source is Source.FRESH
-    assert get_calls(admin) == before + 2
+    assert get_calls(admin) == before + 3
 
     # No key is an answer too (not throttled), and is cached like one.
     absent = client.lookup("produce", "user=nobody,broker=1")
     assert (absent.source, absent.decision, absent.throttle_ms) == (Source.FRESH, None, 0)
     assert client.lookup("produce", "user=nobody,broker=1").source is Source.CACHED
-    assert get_calls(admin) == before + 3
+    assert get_calls(admin) == before + 4
 
 
 def test_a_stopped_redis_fails_open_at_once_logs_once_and_recovers_on_the_same_port(
@@ -232,6 +236,62 @@ def test_a_hung_redis_answers_within_the_timeout_and_fail_closed_delays() -> Non
         assert client.lookup("produce", "user=bob,broker=1").source is Source.FRESH
 
 
+@pytest.mark.parametrize("policy", [FailurePolicy.OPEN, FailurePolicy.CLOSED])
+def test_a_value_that_is_not_a_decision_is_a_failed_read_counted_and_logged_once_per_key(
+    redis_server: LocalService, caplog: pytest.LogCaptureFixture, policy: FailurePolicy
+) -> None:
+    admin = redis.Redis(host=redis_server.host, port=redis_server.port)
+    clock, registry = FakeClock(), CollectorRegistry()
+    client = cached(
+        redis_server,
+        clock,
+        registry,
+        max_staleness_ms=100,
+        fail_open_staleness_ms=1_000,
+        failure_policy=policy,
+        fail_closed_delay_ms=750,
+    )
+    now = int(time.time() * 1000)
+    write(redis_server, [decision_row(ENTITY, now, 60_000)])
+    first = client.lookup("produce", ENTITY)
+    assert first.source is Source.FRESH
+    caplog.set_level(logging.WARNING, logger="quotastream.cache")
+    key = f"{PREFIX}:produce:{ENTITY}"
+    # Another program's value, then one cut short, then a decision of another entity.
+    foreign = [b"OK", b'{"quota": "produce", "entity": "user=alice,br', b'{"a": [1, 2]}']
+    write(redis_server, [decision_row("user=bob,broker=1", now, 1)])
+    bob = admin.get(f"{PREFIX}:produce:user=bob,broker=1")
+    assert isinstance(bob, bytes)
+    policy_answer = Source.FAIL_OPEN if policy is FailurePolicy.OPEN else Source.FAIL_CLOSED
+    for value in [*foreign, bob]:
+        admin.set(key, value)
+        clock.advance_ms(100)  # past max_staleness, within fail_open_staleness: the cache answers
+        stale = client.lookup("produce", ENTITY)
+        assert (stale.source, stale.decision) == (Source.STALE, first.decision)
+    clock.advance_ms(1_000)  # and now nothing recent is cached: the policy answers
+    answer = client.lookup("produce", ENTITY)
+    assert (answer.source, answer.decision) == (policy_answer, None)
+    assert answer.throttle_ms == (0 if policy is FailurePolicy.OPEN else 750)
+    assert client.corrupt_values == 5
+    assert registry.get_sample_value("quotastream_agent_corrupt_values_total") == 5
+    assert (client.errors, client.redis_up) == (0, True)  # Redis itself answered every time
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 1, messages
+    assert messages[0].startswith(f"{key} does not hold a quotastream value: ")
+
+    # A decision again: answered, and a later corruption of the key is logged again.
+    write(redis_server, [decision_row(ENTITY, now, 30_000)])
+    clock.advance_ms(100)
+    fresh = client.lookup("produce", ENTITY)
+    assert fresh.source is Source.FRESH
+    assert fresh.decision is not None
+    assert fresh.decision.throttle_ms == 30_000
+    admin.set(key, b"garbage")
+    clock.advance_ms(100)
+    assert client.lookup("produce", ENTITY).source is Source.STALE
+    assert len(caplog.records) == 2
+
+
 @pytest.fixture
 def acl_server() -> Iterator[tuple[LocalService, redis.Redis]]:
     """A dedicated Redis with an admin user, the engine user and an agent user."""
@@ -325,6 +385,32 @@ def test_the_engine_writes_its_prefix_only_and_the_agent_client_reads_it(
     answer = cached_client.lookup("produce", "user=bob,broker=1")
     assert answer.source is Source.FRESH
     assert answer.throttle_ms > 50_000
+
+
+def test_the_engine_user_publishes_the_live_configuration_and_the_agent_user_follows_it(
+    acl_server: tuple[LocalService, redis.Redis],
+) -> None:
+    service, _ = acl_server
+    own = SetClientQuota(user="alice", client_id="app1", values={"producer_byte_rate": 50.0})
+    records = [encode_change(own)]
+    versions = LiveConfigs(CONFIG, lambda start, end: records[start:end])
+    own_entity = "user=alice,client-id=app1,broker=1"
+    now = int(time.time() * 1000)
+    row = decision_row(own_entity, now, 60_000, config_version=1)
+    write(service, [row], username=ENGINE_USER, password="engine-pw", configs=versions)
+
+    client = QuotaClient.connect(
+        service.host, service.port, PREFIX, CONFIG, username=AGENT_USER, password="agent-pw"
+    )
+    decision = client.for_client("produce", user="alice", client_id="app1", broker=1)
+    assert decision is not None
+    assert (decision.entity, client.config_version) == (own_entity, 1)
+    agent = redis.Redis(
+        host=service.host, port=service.port, username=AGENT_USER, password="agent-pw"
+    )
+    for key in (live_config_version_key(PREFIX), live_config_key(PREFIX)):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            agent.set(key, "forged")
 
 
 def test_the_documented_acl_lines_are_the_ones_tested() -> None:

@@ -30,7 +30,7 @@ def server() -> Iterator[LocalService]:
 
 
 def decision_row(
-    entity: str, ts: int, throttle_ms: int, mode: str = "enforced"
+    entity: str, ts: int, throttle_ms: int, mode: str = "enforced", config_version: int = 3
 ) -> dict[str, object]:
     return {
         "row_type": USAGE,
@@ -43,7 +43,7 @@ def decision_row(
         "until": ts + throttle_ms,
         "exceeded": throttle_ms > 0,
         "window_ms": 10_000,
-        "config_version": 3,
+        "config_version": config_version,
         "mode": mode,
         "released_at": None,
         "notice": None,
