@@ -86,12 +86,20 @@ def main(argv: list[str] | None = None) -> int:
         username=args.redis_username,
         password=os.environ.get(args.redis_password_env),
     )
-    entity = client.client.entity_of_client(args.quota, args.user, args.client_id, args.broker)
-    log.info("client user=%s client-id=%s counts as %s", args.user, args.client_id, entity)
     served = 0
+    counted_as = None
     try:
         while args.requests == 0 or served < args.requests:
             answer = client.for_client(args.quota, args.user, args.client_id, args.broker)
+            # The counter follows the live configuration: a `quota set` can move the client.
+            if answer.decision is not None and answer.decision.entity != counted_as:
+                counted_as = answer.decision.entity
+                log.info(
+                    "client user=%s client-id=%s counts as %s",
+                    args.user,
+                    args.client_id,
+                    counted_as,
+                )
             hold_ms = min(answer.throttle_ms, args.max_hold_ms)
             print(
                 f"request {served}: {answer.source.value} (age {answer.age_ms} ms), "
