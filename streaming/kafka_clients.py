@@ -36,6 +36,12 @@ RETRY_PAUSE_S = 0.5
 #: The shortest request timeout given to a consumer (it must outlast a fetch's long poll).
 _MIN_REQUEST_TIMEOUT_MS = 1_000
 
+#: The longest pause between two attempts to connect to a broker. kafka-python 3 doubles the
+#: pause after each refused attempt up to 30 s, so a broker back after an outage of a minute
+#: went unnoticed for up to half a minute more (a trigger after it still planned nothing, and
+#: every executor's consumer waited its own pause); Java's client stops at 1 s too.
+RECONNECT_BACKOFF_MAX_MS = 1_000
+
 T = TypeVar("T")
 
 
@@ -75,7 +81,9 @@ def new_consumer(
 
     No request waits longer than ``request_timeout_ms`` (unless ``client`` says otherwise):
     some of kafka-python's waits (a metadata refresh) have no bound of their own but this one,
-    30 s by default, and a hung broker would hold a trigger for that long.
+    30 s by default, and a hung broker would hold a trigger for that long. The same bound holds
+    for meeting the broker at all, and a broker that comes back is noticed within
+    :data:`RECONNECT_BACKOFF_MAX_MS`.
     """
     settings: dict[str, Any] = {
         "bootstrap_servers": bootstrap_servers.split(","),
@@ -85,6 +93,10 @@ def new_consumer(
         "allow_auto_create_topics": False,
         # kafka-python requires it above the fetch's long poll (fetch_max_wait_ms, 500 ms).
         "request_timeout_ms": max(request_timeout_ms, _MIN_REQUEST_TIMEOUT_MS),
+        # A consumer made while the broker is down (a query or an executor starting during an
+        # outage) waits this long to meet it, 30 s by default.
+        "bootstrap_timeout_ms": max(request_timeout_ms, _MIN_REQUEST_TIMEOUT_MS),
+        "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
         **client,
     }
     return KafkaConsumer(**settings)

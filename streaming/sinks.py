@@ -35,7 +35,7 @@ from quotastream.published_config import publish_arguments
 from state.events import dead_letter_record
 from state.live_config import ConfigVersions, LiveConfig, Mode
 from state.throttle_timers import TimerStats
-from streaming.kafka_clients import kafka_outage, ride_out
+from streaming.kafka_clients import RECONNECT_BACKOFF_MAX_MS, kafka_outage, ride_out
 from streaming.metrics import SUMMARY_SCHEMA, BatchSummary, SummaryRequest
 from streaming.settings import EngineSettings
 from streaming.stages import REJECT, REMOTE_LOG, TIMERS, USAGE
@@ -363,6 +363,7 @@ def _producer(settings: SinkSettings) -> KafkaProducer:
             max_block_ms=_PRODUCER_WAIT_MS,
             # Undelivered records are kept and retried for longer than an outage is waited out.
             delivery_timeout_ms=int(settings.kafka_max_outage_s * 1000) + 120_000,
+            reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
             **settings.kafka_client,
         )
     return _PRODUCERS[key]

@@ -21,13 +21,17 @@ import pytest
 import redis
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 from pyspark.sql.streaming.query import StreamingQuery
 
 from quotastream import QuotaClient
 from quotastream.outage import OutageStatus
 from state.config import parse_quota_config
 from streaming.job import start_query
+from streaming.kafka_clients import RECONNECT_BACKOFF_MAX_MS
+from streaming.kafka_source import KafkaStreamReader
 from streaming.metrics import KAFKA_OUTAGE, KAFKA_OUTAGES, SOURCE_DATA_LOSS, EngineMetrics
+from streaming.offsets import SourceOptions
 from streaming.services import LocalService, start_kafka, start_object_store
 from streaming.source_status import read_status
 from tests.expected import by_key, final_decisions
@@ -162,6 +166,79 @@ def wait_for_outage(
             return status
         assert time.monotonic() < deadline, status
         time.sleep(0.2)
+
+
+def test_a_source_that_never_met_the_broker_waits_one_request_timeout_per_trigger() -> None:
+    """A trigger of a source first used during an outage (a query starting then) waits one
+    request timeout, as every other, not kafka-python's 30 s for a first bootstrap."""
+    topic = f"unmet-{uuid.uuid4().hex[:8]}"
+    with start_kafka() as broker:
+        publish(broker, topic, mixed_payloads(8, 30, users=2))
+    source = KafkaStreamReader(
+        SourceOptions.parse({"kafka.bootstrap.servers": broker.address, "subscribe": topic})
+    )
+    start = {topic: {"0": 10, "1": 10, "2": 10}}
+    try:
+        began = time.monotonic()
+        assert source.latestOffset(start, ReadAllAvailable()) == start
+        # One 2 s request timeout to bootstrap; a loaded machine may add a little.
+        assert time.monotonic() - began < 8
+    finally:
+        source.stop()
+
+
+#: Long enough for kafka-python's own reconnect pause to grow past 10 s if nothing bounds it.
+LONG_OUTAGE_S = 45
+
+
+def test_a_broker_back_after_a_long_outage_is_noticed_within_a_second_or_two() -> None:
+    """kafka-python doubles its pause between connection attempts up to 30 s by default: after a
+    long outage, a returned broker went unnoticed for up to half a minute more, trigger after
+    trigger (measured: 15-23 s after a 60 s outage). The engine's consumers pause at most
+    ``RECONNECT_BACKOFF_MAX_MS``. The source's driver side, without Spark; three sources, as
+    where each consumer is in its pause when the broker returns is a matter of chance."""
+    topic = f"back-{uuid.uuid4().hex[:8]}"
+    values = mixed_payloads(7, 600, users=4, span_ms=5000)
+    with start_object_store() as store:
+        storage, environment = f"s3://{store.bucket}/", store.environment()
+        broker = start_kafka(storage=storage, storage_environment=environment)
+        options = {
+            "kafka.bootstrap.servers": broker.address,
+            "subscribe": topic,
+            "startingOffsets": "earliest",
+        }
+        sources = [KafkaStreamReader(SourceOptions.parse(options)) for _ in range(3)]
+        try:
+            publish(broker, topic, values[:300])
+            start = sources[0].latestOffset(sources[0].initialOffset(), ReadAllAvailable())
+            assert sum(start[topic].values()) == 300
+            # Each has met the broker, as the source of a running query has.
+            assert all(
+                source.latestOffset(start, ReadAllAvailable()) == start for source in sources
+            )
+            port = broker.port
+            broker.process.kill()
+            broker.stop()
+            # Triggers find it down (each waits one request timeout) for the whole outage.
+            back_at = time.monotonic() + LONG_OUTAGE_S
+            while time.monotonic() < back_at:
+                for source in sources:
+                    assert source.latestOffset(start, ReadAllAvailable()) == start
+            broker = start_kafka(port=port, storage=storage, storage_environment=environment)
+            restarted = time.monotonic()
+            publish(broker, topic, values[300:], create=False)
+            noticed_s = []
+            for source in sources:
+                while source.latestOffset(start, ReadAllAvailable()) == start:
+                    assert time.monotonic() - restarted < 60, "the broker was never noticed"
+                noticed_s.append(time.monotonic() - restarted)
+            # One pause, a connection and a trigger's requests (2 s each at most) per source,
+            # with room for a loaded machine; kafka-python's own pause would be 24-36 s by now.
+            assert max(noticed_s) < RECONNECT_BACKOFF_MAX_MS / 1000 + 7, noticed_s
+        finally:
+            for source in sources:
+                source.stop()
+            broker.stop()
 
 
 def test_a_broker_down_for_several_triggers_is_waited_out_and_every_record_decided_once(
