@@ -18,7 +18,7 @@ from functools import cached_property
 from typing import Any, Final
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.admin import ConfigResource, KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from state.config import QuotaConfig
@@ -31,12 +31,27 @@ from streaming.kafka_clients import (
     true_end_offsets,
 )
 
-#: The topic's settings when quotastream creates it: every version stays readable.
+#: What the configuration topic must be. One partition, so that its offsets order the changes;
+#: every record kept, so that every version stays readable. The engine creates it so when it is
+#: missing; ``docker-compose.yml``'s init step creates it with :func:`kafka_topics_options`
+#: (a test holds the two together).
+PARTITIONS: Final = 1
 TOPIC_CONFIGS: Final = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
+
+
+def kafka_topics_options() -> list[str]:
+    """The ``kafka-topics.sh --create`` options that make a configuration topic."""
+    configs = [f"{name}={value}" for name, value in TOPIC_CONFIGS.items()]
+    return ["--partitions", str(PARTITIONS), *(o for c in configs for o in ("--config", c))]
 
 
 class ConfigLogError(RuntimeError):
     """The configuration topic is missing, misshapen or unreachable."""
+
+
+class MisshapenTopicError(ConfigLogError):
+    """The configuration topic exists but is not what it must be: a configuration error, which
+    the message says how to fix."""
 
 
 class ConfigLog:
@@ -68,12 +83,13 @@ class ConfigLog:
         try:
             with contextlib.suppress(TopicAlreadyExistsError):
                 admin.create_topics(
-                    [NewTopic(self.topic, 1, -1, topic_configs=TOPIC_CONFIGS)],
+                    [NewTopic(self.topic, PARTITIONS, -1, topic_configs=TOPIC_CONFIGS)],
                     timeout_ms=self._timeout_ms,
                 )
+            self._check_partitions()
+            self._check_retention(admin)
         finally:
             admin.close()
-        self._check_partitions()
 
     def end(self) -> int:
         """The newest version: how many change records the log holds (in partition 0).
@@ -148,12 +164,38 @@ class ConfigLog:
 
     def _check_partitions(self) -> set[int]:
         partitions: set[int] = self._reader().partitions_for_topic(self.topic) or set()
-        if len(partitions) > 1:
-            raise ConfigLogError(
-                f"config topic {self.topic!r} has {len(partitions)} partitions; it needs exactly "
-                f"one, so that its offsets order the changes"
+        if len(partitions) > PARTITIONS:
+            raise MisshapenTopicError(
+                f"config topic {self.topic!r} has {len(partitions)} partitions; it must have "
+                f"exactly {PARTITIONS}, so that its offsets order the changes. Fix: delete it "
+                f"(kafka-topics.sh --delete --topic {self.topic}) before the engine's first start, "
+                f"or set kafka.config_topic to a new name; the engine creates it as it must be"
             )
         return partitions
+
+    def _check_retention(self, admin: KafkaAdminClient) -> None:
+        """Refuses a topic that would delete or compact records (a broker that cannot describe
+        topic configurations is not asked)."""
+        # Every key, filtered here: a request naming keys makes tansu 0.6 drop the connection.
+        wanted = ConfigResource("TOPIC", self.topic)
+        try:
+            described = admin.describe_configs([wanted], config_filter="all")
+        except (KafkaError, ValueError):
+            return
+        configs = described.get("topic", {}).get(self.topic, {})
+        wrong = {
+            name: configs[name].get("value")
+            for name, value in TOPIC_CONFIGS.items()
+            if name in configs and configs[name].get("value") != value
+        }
+        if wrong:
+            found = ", ".join(f"{name}={value}" for name, value in sorted(wrong.items()))
+            keep = ",".join(f"{name}={value}" for name, value in TOPIC_CONFIGS.items())
+            raise MisshapenTopicError(
+                f"config topic {self.topic!r} has {found}; it must keep every record, so that "
+                f"every version stays readable. Fix: kafka-configs.sh --alter --entity-type "
+                f"topics --entity-name {self.topic} --add-config {keep}"
+            )
 
     def _settings_for(self, client_class: Any) -> dict[str, Any]:
         """The client settings (security, SASL, ...) that a producer or admin client takes."""

@@ -16,6 +16,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from quotastream.outage import first_line
+from streaming.config_log import ConfigLog, ConfigLogError, MisshapenTopicError
 from streaming.settings import EngineSettings, KafkaSettings, RedisSettings
 
 #: How long each server may take to answer.
@@ -27,7 +28,10 @@ class UnreachableError(RuntimeError):
 
 
 def check_servers(settings: EngineSettings, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """Raises :class:`UnreachableError`, or ``MisshapenTopicError`` for a configuration topic
+    that is not what it must be (a configuration error: exit 2, not 3)."""
     check_kafka(settings.kafka, timeout_s)
+    check_config_topic(settings.kafka, timeout_s)
     check_redis(settings.redis, timeout_s)
 
 
@@ -39,6 +43,8 @@ def check_kafka(kafka: KafkaSettings, timeout_s: float) -> None:
             bootstrap_servers=kafka.bootstrap_servers.split(","),
             bootstrap_timeout_ms=timeout_ms,
             request_timeout_ms=max(timeout_ms, 1001),
+            # No group, nothing to commit (kafka-python warns when it has to turn this off).
+            enable_auto_commit=False,
             **kafka.client_settings(),
         )
     except KafkaError as exc:
@@ -49,6 +55,24 @@ def check_kafka(kafka: KafkaSettings, timeout_s: float) -> None:
         raise UnreachableError(f"{where}: {first_line(exc)}") from None
     finally:
         consumer.close()
+
+
+def check_config_topic(kafka: KafkaSettings, timeout_s: float) -> None:
+    """The live configuration's topic exists as it must (created if missing)."""
+    if kafka.config_topic is None:
+        return
+    config_log = ConfigLog(
+        kafka.bootstrap_servers, kafka.config_topic, kafka.client_settings(), int(timeout_s * 1000)
+    )
+    try:
+        config_log.ensure_topic()
+    except MisshapenTopicError:
+        raise
+    except (KafkaError, ConfigLogError) as exc:
+        where = f"Kafka at {kafka.bootstrap_servers}: config topic {kafka.config_topic}"
+        raise UnreachableError(f"{where}: {first_line(exc)}") from None
+    finally:
+        config_log.close()
 
 
 def check_redis(settings: RedisSettings, timeout_s: float) -> None:

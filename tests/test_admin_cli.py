@@ -12,12 +12,14 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 import pytest
+import redis
 import yaml
 
 from state.config import load_quota_config
 from state.live_config import DeleteClientQuota
 from streaming.cli import main
 from streaming.config_log import ConfigLog
+from streaming.exit_codes import EXIT_FAILURE, EXIT_UNREACHABLE
 from streaming.services import LocalService, free_port
 from streaming.sinks import SinkSettings, write_batches
 from streaming.stages import DECISION_SCHEMA, USAGE
@@ -767,6 +769,27 @@ def test_lookup_follows_the_live_configuration(cli: Cli, redis_server: LocalServ
     assert found["resolved_at_version"] == 3
 
 
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (b"{not json", "malformed"),
+        (b"42", "Expected `object`"),
+        (b'{"quota": "produce"}', "missing required field"),
+        (b"x" * 3, "malformed"),
+    ],
+)
+def test_lookup_of_a_value_that_is_not_a_decision_fails_in_one_line(
+    refused: Cli, redis_server: LocalService, value: bytes, problem: str
+) -> None:
+    key = f"{refused.prefix}:produce:user=mallory,broker=1"
+    redis.Redis(host=redis_server.host, port=redis_server.port).set(key, value)
+    result = refused("lookup", "--quota", "produce", "--entity", "user=mallory,broker=1")
+    assert result.code == EXIT_FAILURE
+    assert result.err.startswith(f"quotastream: error: {key} does not hold a quotastream value: ")
+    assert problem in result.err
+    assert len(result.err.splitlines()) == 1
+
+
 def test_lookup_without_a_decision(refused: Cli) -> None:
     result = refused("lookup", "--quota", "fetch", "--entity", "user=nobody,broker=1")
     assert result.code == 0
@@ -795,6 +818,11 @@ def test_lookup_without_a_decision(refused: Cli) -> None:
             ["--quota", "produce", "--user", "a", "--client-id", "c", "--broker", "<default>"],
             "broker id",
         ),
+        (["--quota", "produce", "--entity", "nonsense"], "'nonsense' is not an entity key"),
+        (["--quota", "produce", "--entity", ""], "'' is not an entity key"),
+        (["--quota", "produce", "--entity", "broker=1"], "'broker=1' is not an entity key"),
+        (["--quota", "remote_copy", "--entity", "user=a"], "'user=a' is not an entity key"),
+        (["--quota", "fetch", "--entity", "user=a,broker=x"], "broker must be a number"),
     ],
 )
 def test_lookup_errors(refused: Cli, argv: list[str], message: str) -> None:
@@ -804,7 +832,7 @@ def test_lookup_errors(refused: Cli, argv: list[str], message: str) -> None:
 
 
 # ------------------------------------------------------------------------- servers and settings
-def test_unreachable_kafka_exits_1_naming_the_server(
+def test_unreachable_kafka_exits_3_naming_the_server(
     tmp_path: Path, redis_server: LocalService, capsys: pytest.CaptureFixture[str]
 ) -> None:
     address = f"127.0.0.1:{free_port()}"
@@ -822,7 +850,7 @@ def test_unreachable_kafka_exits_1_naming_the_server(
     ):
         code = main([*argv, "--engine-config", str(engine), "--timeout", "0.3"])
         err = capsys.readouterr().err
-        assert code == 1, err
+        assert code == EXIT_UNREACHABLE, err
         assert err.startswith(f"quotastream: error: Kafka at {address}: ")
         assert "hunter2" not in err
     assert time.monotonic() - started < 10  # --timeout bounds the wait
@@ -832,7 +860,7 @@ def test_unreachable_kafka_exits_1_naming_the_server(
     assert "must be > 0" in capsys.readouterr().err
 
 
-def test_unreachable_redis_exits_1_naming_the_server(
+def test_unreachable_redis_exits_3_naming_the_server(
     tmp_path: Path, kafka: LocalService, capsys: pytest.CaptureFixture[str]
 ) -> None:
     port = free_port()
@@ -845,12 +873,12 @@ def test_unreachable_redis_exits_1_naming_the_server(
     )
     code = main(
         [
-            *("lookup", "--quota", "produce", "--entity", "broker=1"),
+            *("lookup", "--quota", "produce", "--entity", "user=a,broker=1"),
             *("--engine-config", str(engine), "--timeout", "1"),
         ]
     )
     err = capsys.readouterr().err
-    assert code == 1
+    assert code == EXIT_UNREACHABLE
     assert err.startswith(f"quotastream: error: Redis at 127.0.0.1:{port}: ")
     assert "s3cret" not in err
 
@@ -920,3 +948,96 @@ def test_a_change_made_invalid_by_another_is_reported_as_skipped(
     assert cli("quota", "list", "--json").json()["skipped"] == [
         {"version": 1, "reason": "no quota is set for user=ghost"}
     ]
+
+
+# ------------------------------------------------------------------------ kafka-configs.sh dialect
+def test_kafka_configs_dialect_sets_several_keys_in_one_argument(cli: Cli) -> None:
+    done = cli(
+        *("quota", "set", "--entity-type", "users", "--entity-name", "bob"),
+        *("--entity-type", "clients", "--entity-default"),
+        "producer_byte_rate=1024,consumer_byte_rate=2048",
+    )
+    assert (done.code, done.err) == (0, "")
+    got = cli("quota", "get", "--user", "bob", "--client-id", "<default>", "--output", "json")
+    assert got.json()["values"] == {"producer_byte_rate": 1024.0, "consumer_byte_rate": 2048.0}
+
+    lists = cli(
+        *("quota", "set", "--entity-type", "topics", "--entity-name", "orders"),
+        "--add-config",
+        "leader.replication.throttled.replicas=[0:1,1:2],follower.replication.throttled.replicas=0:3",
+    )
+    assert lists.code == 0, lists.err
+    assert cli("quota", "get", "--topic", "orders", "--json").json()["values"] == {
+        "leader.replication.throttled.replicas": "0:1,1:2",
+        "follower.replication.throttled.replicas": "0:3",
+    }
+    bare = cli("quota", "set", "--topic", "orders", "leader.replication.throttled.replicas=0:4,1:5")
+    assert bare.code == 0, bare.err
+    got_bare = cli("quota", "get", "--topic", "orders", "--json").json()["values"]
+    assert got_bare["leader.replication.throttled.replicas"] == "0:4,1:5"
+
+    broker = cli(
+        *("quota", "set", "--entity-type", "brokers", "--entity-default"),
+        "--add-config",
+        "leader.replication.throttled.rate=100,follower.replication.throttled.rate=200",
+    )
+    assert broker.code == 0, broker.err
+    removed = cli(
+        *("quota", "delete", "--entity-type", "users", "--entity-name", "bob"),
+        *("--entity-type", "clients", "--entity-default"),
+        *("--delete-config", "producer_byte_rate,consumer_byte_rate"),
+    )
+    assert removed.code == 0, removed.err
+    assert (
+        cli("quota", "get", "--user", "bob", "--client-id", "<default>", "--json").json()["values"]
+        == {}
+    )
+
+
+def test_describe_takes_kafka_entity_options(cli: Cli) -> None:
+    ours = cli("quota", "describe", "--user", "alice", "--client-id", "app1", "--output", "json")
+    kafkas = cli(
+        *("quota", "describe", "--entity-type", "users", "--entity-name", "alice"),
+        *("--entity-type", "clients", "--entity-name", "app1", "--json"),
+    )
+    assert ours.code == kafkas.code == 0, kafkas.err
+    assert ours.json() == kafkas.json()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["set", "--entity-name", "bob", "producer_byte_rate=1"], "goes after the --entity-type"),
+        (["set", "--entity-type", "users", "producer_byte_rate=1"], "needs --entity-name"),
+        (
+            ["set", "--user", "a", "--entity-type", "users", "--entity-name", "b", "x=1"],
+            "--entity-type users and --user name the same thing",
+        ),
+        (
+            ["describe", "--entity-type", "topics", "--entity-name", "t"],
+            "this command takes no --topic",
+        ),
+        (["set", "--user", "bob"], "name what to set"),
+        # A part without '=' continues the value before it (a bare list, as kafka-configs.sh).
+        (["set", "--user", "bob", "producer_byte_rate=1,x"], "'1,x' is not a number"),
+        (["set", "--user", "bob", "nonsense,producer_byte_rate=1"], "'nonsense' is not KEY=VALUE"),
+        (["set", "--user", "bob", "producer_byte_rate=1,producer_byte_rate=2"], "given twice"),
+        (["delete", "--user", "alice", "--delete-config", "producer_byte_rate,bogus"], "'bogus'"),
+    ],
+)
+def test_kafka_dialect_errors(refused: Cli, argv: list[str], message: str) -> None:
+    result = refused("quota", *argv)
+    assert result.code == 2, result.err
+    assert message in result.err
+
+
+def test_output_json_is_the_json_flag(refused: Cli) -> None:
+    for command in (["quota", "list"], ["quota", "history"], ["enforcement", "status"]):
+        as_output = refused(*command, "--output", "json")
+        as_flag = refused(*command, "--json")
+        assert as_output.code == as_flag.code == 0
+        assert as_output.json() == as_flag.json()
+        table = refused(*command, "--output", "table")
+        assert table.code == 0
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(table.out)

@@ -7,13 +7,16 @@ no exporter port and no Spark behind.
 from __future__ import annotations
 
 import socket
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from kafka.admin import KafkaAdminClient, NewTopic
 
-from streaming.cli import EXIT_BAD_CONFIG, EXIT_UNREACHABLE, main
+from streaming.cli import main
+from streaming.exit_codes import EXIT_UNREACHABLE, EXIT_USAGE
 from streaming.services import LocalService, free_port
 
 SECRET = "do-not-print-this-pass"
@@ -74,7 +77,7 @@ def test_a_bad_quota_file_is_named_with_its_key_and_value(
 ) -> None:
     (tmp_path / "quotas.yaml").write_text(quotas)
     path = engine_file(tmp_path, "127.0.0.1:1", 1)
-    refused(path, capsys, EXIT_BAD_CONFIG, str(tmp_path / "quotas.yaml"), expected)
+    refused(path, capsys, EXIT_USAGE, str(tmp_path / "quotas.yaml"), expected)
 
 
 @pytest.mark.parametrize(
@@ -101,14 +104,14 @@ def test_a_bad_engine_setting_is_named_with_its_key_and_value(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], sections: dict[str, Any], expected: str
 ) -> None:
     path = engine_file(tmp_path, "127.0.0.1:1", 1, **sections)
-    refused(path, capsys, EXIT_BAD_CONFIG, str(path), expected)
+    refused(path, capsys, EXIT_USAGE, str(path), expected)
 
 
 def test_malformed_engine_yaml_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = engine_file(tmp_path, "127.0.0.1:1", 1)
     text = path.read_text()
     path.write_text(text + "kafka: {unclosed\n")
-    assert main(["run", "--engine-config", str(path), "--no-simulate"]) == EXIT_BAD_CONFIG
+    assert main(["run", "--engine-config", str(path), "--no-simulate"]) == EXIT_USAGE
     assert f"{path}" in capsys.readouterr().err
     assert not (tmp_path / "checkpoint").exists()
 
@@ -133,6 +136,33 @@ def test_an_unreachable_redis_is_named_and_nothing_starts(
         f"not started: Redis at redis://127.0.0.1:{port}",
         "Connection refused",
     )
+
+
+@pytest.mark.parametrize(
+    ("partitions", "configs", "expected"),
+    [
+        (3, {}, "has 3 partitions; it must have exactly 1"),
+        (1, {"retention.ms": "604800000"}, "has retention.ms=604800000; it must keep every record"),
+    ],
+)
+def test_a_config_topic_that_is_not_as_it_must_be_is_refused_in_one_line(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    kafka: LocalService,
+    redis_server: LocalService,
+    partitions: int,
+    configs: dict[str, str],
+    expected: str,
+) -> None:
+    topic = f"config-{uuid.uuid4().hex[:8]}"
+    admin = KafkaAdminClient(bootstrap_servers=kafka.address)
+    try:
+        admin.create_topics([NewTopic(topic, partitions, 1, topic_configs=configs)])
+    finally:
+        admin.close()
+    path = engine_file(tmp_path, kafka.address, redis_server.port, kafka={"config_topic": topic})
+    error = refused(path, capsys, EXIT_USAGE, f"config topic {topic!r} {expected}", "Fix: ")
+    assert error.count("\n") == 1, error  # one line, no traceback
 
 
 def test_a_refused_redis_login_is_named_without_the_password(

@@ -17,8 +17,10 @@ from typing import Final
 
 from state.configfile import ConfigError
 from streaming.admin.context import Admin
-from streaming.admin.errors import EXIT_BAD_INPUT, EXIT_UNREACHABLE, AdminError, bad
+from streaming.admin.entities import apply_kafka_entity_options
+from streaming.admin.errors import AdminError, bad
 from streaming.admin.parser import add_admin_commands
+from streaming.exit_codes import EXIT_UNREACHABLE, EXIT_USAGE
 
 __all__ = ["ADMIN_COMMANDS", "add_admin_commands", "run_admin"]
 
@@ -33,19 +35,20 @@ def run_admin(args: argparse.Namespace) -> int:
     import redis  # noqa: PLC0415
     from kafka.errors import KafkaError  # noqa: PLC0415
 
-    from streaming.config_log import ConfigLogError  # noqa: PLC0415
+    from streaming.config_log import ConfigLogError, MisshapenTopicError  # noqa: PLC0415
 
     handler: Handler = args.admin
     admin: Admin | None = None
     try:
         if args.timeout <= 0:
             raise bad(f"--timeout must be > 0, got {args.timeout:g}")
+        apply_kafka_entity_options(args, getattr(args, "kafka_entities", None) or [])
         admin = Admin.load(args)
         return handler(admin)
     except AdminError as exc:
         return _fail(exc.code, exc.message, admin)
-    except ConfigError as exc:
-        return _fail(EXIT_BAD_INPUT, str(exc), admin)
+    except (ConfigError, MisshapenTopicError) as exc:
+        return _fail(EXIT_USAGE, str(exc), admin)
     except (KafkaError, ConfigLogError) as exc:
         assert admin is not None
         where = admin.settings.kafka.bootstrap_servers

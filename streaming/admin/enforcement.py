@@ -5,16 +5,16 @@ from __future__ import annotations
 from state.live_config import SetEnforcement, decision_mode
 from state.quota_types import QuotaType
 from streaming.admin.context import Admin
-from streaming.admin.errors import EXIT_OK
 from streaming.admin.output import print_json
 from streaming.admin.values import parse_quota_type
+from streaming.exit_codes import EXIT_OK
 
 
 def enforcement_status(admin: Admin) -> int:
     live = admin.live()
     enforcement = live.config.enforcement
     modes = {q.value: decision_mode(live.config, q, exempt=False).value for q in QuotaType}
-    if admin.args.json:
+    if admin.args.output == "json":
         print_json(
             {
                 "version": live.version,

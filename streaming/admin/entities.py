@@ -67,6 +67,40 @@ def parse_entity(args: argparse.Namespace) -> Entity:
     return Entity("topic", topic=args.topic)
 
 
+#: ``kafka-configs.sh``'s entity types, and the option each stands for here.
+KAFKA_ENTITY_TYPES: Final = {
+    "users": "--user",
+    "clients": "--client-id",
+    "brokers": "--broker",
+    "topics": "--topic",
+}
+
+
+def apply_kafka_entity_options(args: argparse.Namespace, pairs: Sequence[tuple[str, str]]) -> None:
+    """Sets ``--user``, ``--client-id``, ``--broker`` or ``--topic`` in ``args`` from
+    ``kafka-configs.sh``-style options, given in order as (option, value) pairs: each
+    ``--entity-type`` is followed by its ``--entity-name NAME`` or ``--entity-default``."""
+    entity_type: str | None = None
+    for option, value in pairs:
+        if option == "--entity-type":
+            if entity_type is not None:
+                raise bad(f"--entity-type {entity_type} needs --entity-name or --entity-default")
+            entity_type = value
+            continue
+        if entity_type is None:
+            raise bad(f"{option} goes after the --entity-type it names")
+        ours = KAFKA_ENTITY_TYPES[entity_type]
+        attribute = ours.removeprefix("--").replace("-", "_")
+        if not hasattr(args, attribute):
+            raise bad(f"--entity-type {entity_type}: this command takes no {ours}")
+        if getattr(args, attribute) is not None:
+            raise bad(f"--entity-type {entity_type} and {ours} name the same thing: give one")
+        setattr(args, attribute, DEFAULT if option == "--entity-default" else value)
+        entity_type = None
+    if entity_type is not None:
+        raise bad(f"--entity-type {entity_type} needs --entity-name or --entity-default")
+
+
 def checked_entity_name(name: str | None, option: str) -> str | None:
     if name is None:
         return None
@@ -145,10 +179,44 @@ def broker_values(quotas: BrokerQuotas) -> dict[str, float | bool | str]:
     return dict(dumped)
 
 
-def parse_settings(entity: Entity, settings: Sequence[str]) -> dict[str, str]:
-    """``KEY=VALUE`` arguments, each key one that ``entity`` has; the values unchecked."""
-    parsed: dict[str, str] = {}
+def split_settings(argument: str) -> list[str]:
+    """The ``KEY=VALUE`` settings in one argument, in ``kafka-configs.sh --add-config``'s
+    dialect: ``k1=v1,k2=v2``, a list value in brackets (``k=[0:1,1:2]``) or, as
+    ``kafka-configs.sh`` also reads it, bare (``k=0:1,1:2``: a part without ``=`` continues the
+    value before it)."""
+    settings: list[str] = []
+    depth = 0
+    part = ""
+    for char in argument:
+        depth += (char == "[") - (char == "]")
+        if char == "," and depth == 0:
+            settings.append(part)
+            part = ""
+        else:
+            part += char
+    settings.append(part)
+    joined: list[str] = []
     for setting in settings:
+        if joined and "=" not in setting:
+            joined[-1] += "," + setting
+        else:
+            joined.append(setting)
+    return [_unbracketed(setting) for setting in joined]
+
+
+def _unbracketed(setting: str) -> str:
+    key, equals, value = setting.partition("=")
+    value = value.strip()
+    if equals and value.startswith("[") and value.endswith("]"):
+        value = value[1:-1]
+    return f"{key}{equals}{value}"
+
+
+def parse_settings(entity: Entity, arguments: Sequence[str]) -> dict[str, str]:
+    """``KEY=VALUE`` settings (several to an argument in Kafka's dialect: :func:`split_settings`),
+    each key one that ``entity`` has; the values unchecked."""
+    parsed: dict[str, str] = {}
+    for setting in (setting for argument in arguments for setting in split_settings(argument)):
         key, equals, value = setting.partition("=")
         key = key.strip()
         if not equals or not key:

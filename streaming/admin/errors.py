@@ -1,12 +1,8 @@
-"""The admin commands' exit codes and the error that refuses a command."""
+"""The error that refuses an admin command, with its exit code (``streaming/exit_codes.py``)."""
 
 from __future__ import annotations
 
-from typing import Final
-
-EXIT_OK: Final = 0
-EXIT_UNREACHABLE: Final = 1
-EXIT_BAD_INPUT: Final = 2
+from streaming.exit_codes import EXIT_USAGE
 
 
 class AdminError(Exception):
@@ -19,4 +15,4 @@ class AdminError(Exception):
 
 
 def bad(message: str) -> AdminError:
-    return AdminError(EXIT_BAD_INPUT, message)
+    return AdminError(EXIT_USAGE, message)

@@ -7,12 +7,14 @@ import time
 from typing import TYPE_CHECKING
 
 from state.config import DEFAULT
-from state.quota_types import CLIENT_QUOTA_TYPES
+from state.entities import entity_key_problem
+from state.quota_types import CLIENT_QUOTA_TYPES, QuotaType
 from streaming.admin.context import Admin
 from streaming.admin.entities import checked_entity_name, parse_broker_id
-from streaming.admin.errors import EXIT_OK, bad
+from streaming.admin.errors import AdminError, bad
 from streaming.admin.output import print_json
 from streaming.admin.values import parse_quota_type
+from streaming.exit_codes import EXIT_FAILURE, EXIT_OK
 
 if TYPE_CHECKING:
     from quotastream.client import Decision
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
 
 def lookup_decision(admin: Admin) -> int:
     # Not at the top: the quotastream package loads redis, which only admin commands may pay for.
+    from quotastream.client import CorruptValueError  # noqa: PLC0415
     from quotastream.keys import decision_key  # noqa: PLC0415
 
     args = admin.args
@@ -28,8 +31,11 @@ def lookup_decision(admin: Admin) -> int:
     if args.entity is not None:
         if any(v is not None for v in client):
             raise bad("give either --entity or --user, --client-id and --broker, not both")
-        if not args.entity:
-            raise bad("--entity must not be empty")
+        problem = entity_key_problem(
+            args.entity, quota in CLIENT_QUOTA_TYPES, partitions=quota is QuotaType.REMOTE_COPY
+        )
+        if problem is not None:
+            raise bad(f"--entity {problem}")
         entity, version = args.entity, None
         agent = admin.redis_client(None)
     else:
@@ -48,9 +54,12 @@ def lookup_decision(admin: Admin) -> int:
         except ValueError as exc:
             raise bad(f"cannot resolve the client: {exc}") from None
         version = live.version
-    decision = agent.lookup(quota.value, entity)
+    try:
+        decision = agent.lookup(quota.value, entity)
+    except CorruptValueError as exc:
+        raise AdminError(EXIT_FAILURE, str(exc)) from None
     key = decision_key(admin.settings.redis.key_prefix, quota.value, entity)
-    _print_decision(key, version, decision, admin.args.json)
+    _print_decision(key, version, decision, admin.args.output == "json")
     return EXIT_OK
 
 

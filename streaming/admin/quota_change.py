@@ -17,8 +17,9 @@ from streaming.admin.entities import (
     parse_settings,
     wrong_key_message,
 )
-from streaming.admin.errors import EXIT_OK, bad
+from streaming.admin.errors import bad
 from streaming.admin.values import parse_finite
+from streaming.exit_codes import EXIT_OK
 
 
 def _rate(key: str, text: str) -> float:
@@ -39,7 +40,9 @@ def _flag(key: str, text: str) -> bool:
 def set_quota(admin: Admin) -> int:
     args = admin.args
     entity = parse_entity(args)
-    values = parse_settings(entity, args.settings)
+    if not args.settings and not args.add_config:
+        raise bad("name what to set: KEY=VALUE ... or --add-config 'KEY=VALUE,...'")
+    values = parse_settings(entity, [*args.settings, *args.add_config])
     if args.new_broker and entity.kind != "broker":
         raise bad("--new-broker goes with --broker")
     # Every value is checked before Kafka is asked anything.
@@ -74,10 +77,11 @@ def set_quota(admin: Admin) -> int:
 def delete_quota(admin: Admin) -> int:
     args = admin.args
     entity = parse_entity(args)
-    for key in args.keys:
+    named = [key.strip() for text in [*args.keys, *args.delete_config] for key in text.split(",")]
+    for key in named:
         if key not in entity.keys:
             raise bad(wrong_key_message(key, entity))
-    keys = list(dict.fromkeys(args.keys))
+    keys = list(dict.fromkeys(named))
     live = admin.live()
     current = configured_values(live.config, entity)
     if not current:

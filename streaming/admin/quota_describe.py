@@ -13,8 +13,9 @@ from state.quota_types import CLIENT_QUOTA_TYPES, QuotaType
 from state.resolution import LEVELS, NO_LEVEL, ClientPairs, QuotaResolver
 from streaming.admin.context import Admin
 from streaming.admin.entities import checked_entity_name, parse_broker_id
-from streaming.admin.errors import EXIT_OK, bad
+from streaming.admin.errors import bad
 from streaming.admin.output import as_text, print_json
+from streaming.exit_codes import EXIT_OK
 
 BROKER_QUOTA_TYPES: Final = tuple(q for q in QuotaType if q not in CLIENT_QUOTA_TYPES)
 
@@ -50,7 +51,7 @@ def describe_quotas(admin: Admin) -> int:
         result["client"] = _describe_client(live.config, args.user, args.client_id, broker)
     if broker is not None:
         result["broker"] = _describe_broker(live.config, broker)
-    if args.json:
+    if args.output == "json":
         print_json(result)
         return EXIT_OK
     if "client" in result:

@@ -21,15 +21,16 @@ from streaming.admin.entities import (
     configured_values,
     parse_entity,
 )
-from streaming.admin.errors import EXIT_OK, bad
+from streaming.admin.errors import bad
 from streaming.admin.output import as_text, print_json
+from streaming.exit_codes import EXIT_OK
 
 
 def get_quota(admin: Admin) -> int:
     entity = parse_entity(admin.args)
     live = admin.live()
     values = configured_values(live.config, entity)
-    if admin.args.json:
+    if admin.args.output == "json":
         print_json({"version": live.version, "entity": entity.name, "values": values})
         return EXIT_OK
     if not values:
@@ -60,7 +61,7 @@ def list_quotas(admin: Admin) -> int:
     shadowed = sorted(q.value for q in config.enforcement.shadow)
     enforcement = {"enabled": config.enforcement.enabled, "shadow": shadowed}
     skipped = [{"version": s.version, "reason": s.reason} for s in live.skipped]
-    if admin.args.json:
+    if admin.args.output == "json":
         print_json(
             {
                 "version": live.version,
@@ -125,7 +126,7 @@ def quota_history(admin: Admin) -> int:
         )
     if last is not None:
         entries = entries[-last:]
-    if admin.args.json:
+    if admin.args.output == "json":
         print_json(entries)
         return EXIT_OK
     if not entries:

@@ -15,9 +15,10 @@ from streaming.admin.entities import (
     configured_values,
     parse_broker_id,
 )
-from streaming.admin.errors import EXIT_OK, bad
+from streaming.admin.errors import bad
 from streaming.admin.move_plan import print_move_plan, read_move_plan
 from streaming.admin.values import optional_number
+from streaming.exit_codes import EXIT_OK
 
 LEADER_RATE: Final = "leader.replication.throttled.rate"
 FOLLOWER_RATE: Final = "follower.replication.throttled.rate"

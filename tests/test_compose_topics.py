@@ -1,0 +1,82 @@
+"""docker-compose's init step creates the topics the shipped engine settings name, and the
+configuration topic exactly as the engine requires it (one definition: ``streaming/config_log.py``).
+
+A configuration topic made any other way is refused by the engine at start (exit 2), and
+``restart: unless-stopped`` would repeat that forever: this test is what keeps
+``docker compose up`` from looping.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import yaml
+
+from streaming.config_log import kafka_topics_options
+from streaming.settings import load_engine_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Options of ``kafka-topics.sh --create`` that say where and how, not what the topic is.
+_PLACEMENT = {
+    "--bootstrap-server": 1,
+    "--create": 0,
+    "--if-not-exists": 0,
+    "--replication-factor": 1,
+}
+
+
+def _created_topics() -> dict[str, list[str]]:
+    """Each topic the init step creates, with the options that shape it (placement left out);
+    a ``for topic in ...`` loop is expanded."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    # Compose interpolates ``$`` itself: the shell sees ``$$`` as ``$``.
+    script = "\n".join(compose["services"]["kafka-init"]["command"]).replace("$$", "$")
+    lines = script.replace("\\\n", " ").splitlines()
+    created: dict[str, list[str]] = {}
+    loop_topics: list[str] = []
+    for line in lines:
+        words = shlex.split(line, comments=True)
+        if words[:3] == ["for", "topic", "in"]:
+            loop_topics = [word.rstrip(";") for word in words[3:] if word not in ("do", ";")]
+        if not words or not words[0].endswith("kafka-topics.sh"):
+            continue
+        options: list[str] = []
+        topic = ""
+        rest = iter(words[1:])
+        for word in rest:
+            if word == "--topic":
+                topic = next(rest)
+            elif word in _PLACEMENT:
+                for _ in range(_PLACEMENT[word]):
+                    next(rest)
+            else:
+                options.append(word)
+        for name in loop_topics if topic == "$topic" else [topic]:
+            created[name] = options
+    return created
+
+
+def test_the_init_step_creates_the_configuration_topic_as_the_engine_requires() -> None:
+    settings = load_engine_settings(ROOT / "conf" / "engine.yaml")
+    created = _created_topics()
+    assert settings.kafka.config_topic is not None
+    assert created[settings.kafka.config_topic] == kafka_topics_options()
+
+
+def test_the_init_step_creates_every_topic_the_engine_names() -> None:
+    kafka = load_engine_settings(ROOT / "conf" / "engine.yaml").kafka
+    named = {*kafka.topics, kafka.dead_letter_topic, kafka.config_topic}
+    assert named - {None} <= set(_created_topics())
+
+
+def test_the_options_name_one_partition_and_no_deletion() -> None:
+    options = kafka_topics_options()
+    assert options[options.index("--partitions") + 1] == "1"
+    configs = dict(
+        options[i + 1].split("=", 1) for i, word in enumerate(options) if word == "--config"
+    )
+    assert configs["retention.ms"] == "-1"
+    assert configs["retention.bytes"] == "-1"
+    assert configs["cleanup.policy"] == "delete"
