@@ -165,7 +165,12 @@ class MetricsSettings(BaseModel):
 
 class EngineSettings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="QUOTASTREAM_", env_nested_delimiter="__", extra="forbid", frozen=True
+        env_prefix="QUOTASTREAM_",
+        env_nested_delimiter="__",
+        # As in the YAML file, ``null`` turns a setting off: QUOTASTREAM_KAFKA__CONFIG_TOPIC=null.
+        env_parse_none_str="null",
+        extra="forbid",
+        frozen=True,
     )
 
     quotas: str = "conf/quotas.yaml"
@@ -207,7 +212,15 @@ class EngineSettings(BaseSettings):
 
 
 def load_engine_settings(path: Path | None) -> EngineSettings:
+    """The settings of ``path`` (None: defaults), under their environment overrides.
+
+    A relative ``quotas`` path in the file is relative to the file, so the engine reads the same
+    quotas from any working directory; in ``QUOTASTREAM_QUOTAS`` it is relative to the working
+    directory, as any path given on the command line.
+    """
     data = read_yaml_mapping(path) if path is not None else {}
+    if path is not None and isinstance(data.get("quotas"), str):
+        data["quotas"] = str(path.parent / data["quotas"])
     source = f"{path} (or its QUOTASTREAM_* override)" if path else "QUOTASTREAM_* environment"
     try:
         return EngineSettings(**data)

@@ -118,7 +118,35 @@ def test_shipped_engine_settings_are_valid() -> None:
     settings = load_engine_settings(REPO / "conf" / "engine.yaml")
     assert settings.kafka.topics == ["quotastream.events"]
     assert settings.spark.shards == 8
-    assert settings.quotas == "conf/quotas.yaml"
+    assert settings.quotas == str(REPO / "conf" / "quotas.yaml")
+
+
+def test_the_quota_file_is_found_relative_to_the_engine_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "site").mkdir()
+    engine = tmp_path / "site" / "engine.yaml"
+    engine.write_text("quotas: limits/quotas.yaml\n")
+    monkeypatch.chdir(REPO)  # where a conf/quotas.yaml exists, which must not be the one read
+    assert load_engine_settings(engine).quotas == str(tmp_path / "site" / "limits" / "quotas.yaml")
+    assert load_engine_settings(None).quotas == "conf/quotas.yaml"
+    monkeypatch.setenv("QUOTASTREAM_QUOTAS", "mine.yaml")  # the environment's: the working dir's
+    assert load_engine_settings(engine).quotas == "mine.yaml"
+
+
+def test_an_environment_override_of_null_turns_a_setting_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shipped = load_engine_settings(REPO / "conf" / "engine.yaml")
+    assert shipped.kafka.config_topic is not None
+    assert shipped.events.max_future_ms is not None
+    monkeypatch.setenv("QUOTASTREAM_KAFKA__CONFIG_TOPIC", "null")
+    monkeypatch.setenv("QUOTASTREAM_EVENTS__MAX_FUTURE_MS", "null")
+    settings = load_engine_settings(REPO / "conf" / "engine.yaml")
+    assert (settings.kafka.config_topic, settings.events.max_future_ms) == (None, None)
+    monkeypatch.setenv("QUOTASTREAM_KAFKA__BOOTSTRAP_SERVERS", "null")
+    with pytest.raises(ConfigError, match=r"kafka\.bootstrap_servers: Input should be a valid"):
+        load_engine_settings(REPO / "conf" / "engine.yaml")
 
 
 def test_secrets_never_show_in_settings_output(monkeypatch: pytest.MonkeyPatch) -> None:
