@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TextIO
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -30,6 +31,7 @@ _FIELDS_BY_QUOTA = {
     for quota in QuotaType
 }
 _NON_QUOTA_FIELDS = ["line", "ts", "kind", "quota", "topic", "partition"]
+_ENCODE = msgspec.json.Encoder().encode
 
 
 @dataclass
@@ -99,7 +101,12 @@ def accepted_batches(
 
 
 def decision_lines(decisions: pd.DataFrame) -> list[str]:
-    """JSON lines in input order, each with the fields of its quota."""
+    """JSON lines in input order, each with the fields of its quota.
+
+    Numbers are written as the Redis values are (``streaming.sinks``, msgspec): a float as the
+    shortest decimal that reads back as the same double, so a rate is the core's exact value
+    without digits past a double's precision; null where NaN (unlimited).
+    """
     lines = np.empty(len(decisions), dtype=object)
     quota = decisions["quota"].cat
     for code in np.unique(quota.codes):
@@ -107,10 +114,21 @@ def decision_lines(decisions: pd.DataFrame) -> list[str]:
         fields = _FIELDS_BY_QUOTA[quota.categories[code]] if code >= 0 else _NON_QUOTA_FIELDS
         subset = decisions.iloc[rows][fields]
         if "level" in subset:
-            subset = subset.assign(level=subset["level"].where(subset["level"] > 0))
-        text = subset.to_json(orient="records", lines=True, double_precision=15)
-        lines[rows] = text.splitlines()
+            subset = subset.assign(level=subset["level"].where(subset["level"] > 0).astype("Int64"))
+        columns = [_json_values(subset[field]) for field in fields]
+        lines[rows] = [
+            _ENCODE(dict(zip(fields, values, strict=True))).decode()
+            for values in zip(*columns, strict=True)
+        ]
     return list(lines)
+
+
+def _json_values(column: pd.Series) -> list[Any]:
+    """Python values (None where missing) for the encoder."""
+    values = column.astype(object).to_numpy()
+    values[column.isna().to_numpy()] = None
+    python: list[Any] = values.tolist()
+    return python
 
 
 def _batches(events: BinaryIO, batch_lines: int) -> Iterator[tuple[int, list[bytes]]]:
