@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import logging
 import sys
 from collections.abc import Sequence
@@ -13,21 +14,38 @@ from state.config import load_quota_config
 from state.configfile import ConfigError
 from state.core import QuotaCore
 from streaming.admin import ADMIN_COMMANDS, add_admin_commands, run_admin
+from streaming.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+from streaming.help_text import examples
 from streaming.replay import replay
 from streaming.settings import load_engine_settings
-from streaming.whatif import BASE_NAME, DEFAULT_TOP, WhatIfError, parse_options, report
+from streaming.whatif import (
+    BASE_NAME,
+    DEFAULT_TOP,
+    OUTPUTS,
+    WhatIfError,
+    parse_options,
+    report,
+)
 
-EXIT_OK = 0
-EXIT_UNREADABLE_INPUT = 1
-EXIT_BAD_CONFIG = 2
-#: ``run``: a server the engine needs does not answer or refuses it; nothing was started.
-EXIT_UNREACHABLE = 3
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("quotastream")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "(not installed)"
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="quotastream", description="Kafka-exact quota decisions from traffic events."
+        prog="quotastream",
+        description="Kafka-exact quota decisions from traffic events.",
+        **examples(
+            "quotastream run                      # embedded: broker, Redis, simulated traffic",
+            "quotastream run --engine-config conf/engine.yaml --no-embedded --no-simulate",
+            "quotastream COMMAND --help",
+        ),
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run_replay = commands.add_parser(
         "replay",
@@ -35,7 +53,16 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Runs the quota core over EVENTS in file order. Writes one JSON decision per accepted "
             "event to stdout, in input order, and every rejected line with its reason to stderr "
-            "(or --dead-letter). Exits 0 once the input was read, whatever it contained."
+            "(or --dead-letter). With --what-if, prints instead how long each counter is "
+            "throttled under each configuration (docs/replay.md). Exits 0 once the input was "
+            "read, whatever it contained."
+        ),
+        **examples(
+            "quotastream replay examples/events.jsonl --config conf/quotas.yaml",
+            "quotastream replay examples/events.jsonl --config conf/quotas.yaml "
+            "--what-if roomy=roomy.yaml --top 5 --plot whatif.png",
+            "quotastream replay examples/events.jsonl --config conf/quotas.yaml "
+            "--what-if roomy=roomy.yaml --output json",
         ),
     )
     run_replay.add_argument("events", type=Path, help="JSON-lines file of events, '-' for stdin")
@@ -73,8 +100,14 @@ def _parser() -> argparse.ArgumentParser:
         "--plot",
         type=Path,
         metavar="PATH.png",
-        help="with --what-if: also draw rate and limit over event time of the top counters "
-        "(reads EVENTS twice, so not stdin)",
+        help="with --what-if: also draw rate, limit and throttled periods over event time of the "
+        "top counters (reads EVENTS twice, so not stdin; the path is checked before the replay)",
+    )
+    run_replay.add_argument(
+        "--output",
+        choices=OUTPUTS,
+        help="with --what-if: the comparison as an aligned table (default) or one JSON document; "
+        "without it, replay always writes JSON lines",
     )
 
     run_engine = commands.add_parser(
@@ -85,6 +118,10 @@ def _parser() -> argparse.ArgumentParser:
             "of the entities nearest their limits. Without --engine-config it starts everything "
             "itself on free loopback ports (a Kafka-compatible broker, Redis, simulated traffic); "
             "with it, it uses the Kafka and Redis the file names. Ctrl-C stops all it started."
+        ),
+        **examples(
+            "quotastream run --duration 60",
+            "quotastream run --engine-config conf/engine.yaml --no-embedded --no-simulate",
         ),
     )
     run_engine.add_argument("--engine-config", type=Path, help="engine settings YAML")
@@ -115,6 +152,10 @@ def _parser() -> argparse.ArgumentParser:
             "Publishes the simulated traffic scenario (skewed clients, a bursting client, an "
             "upload backlog, a reassignment) to the first events topic of the engine settings, in "
             "real time, until Ctrl-C or --duration."
+        ),
+        **examples(
+            "quotastream simulate --engine-config conf/engine.yaml --duration 300",
+            "quotastream simulate --engine-config conf/engine.yaml --events-per-message 100",
         ),
     )
     simulate.add_argument("--engine-config", type=Path, help="engine settings YAML (Kafka)")
@@ -147,10 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
-        return _fail(EXIT_BAD_CONFIG, f"--batch-size must be >= 1, got {args.batch_size}")
+        return _fail(EXIT_USAGE, f"--batch-size must be >= 1, got {args.batch_size}")
     try:
         what_if = parse_options(
-            args.what_if, args.top, args.plot, from_stdin=str(args.events) == "-"
+            args.what_if, args.top, args.plot, args.output, from_stdin=str(args.events) == "-"
         )
         config = load_quota_config(args.config)
         alternatives = {
@@ -158,7 +199,7 @@ def _replay(args: argparse.Namespace) -> int:
         }
         settings = load_engine_settings(args.engine_config)
     except (ConfigError, WhatIfError) as exc:
-        return _fail(EXIT_BAD_CONFIG, str(exc))
+        return _fail(EXIT_USAGE, str(exc))
     with contextlib.ExitStack() as stack:
         try:
             events = (
@@ -181,6 +222,7 @@ def _replay(args: argparse.Namespace) -> int:
                     max_payload_bytes=settings.events.max_payload_bytes,
                     top=what_if.top,
                     plot=what_if.plot,
+                    output=what_if.output,
                     batch_lines=args.batch_size,
                 )
                 if alternatives
@@ -195,7 +237,7 @@ def _replay(args: argparse.Namespace) -> int:
                 )
             )
         except OSError as exc:
-            return _fail(EXIT_UNREADABLE_INPUT, f"cannot read or write: {exc}")
+            return _fail(EXIT_FAILURE, f"cannot read or write: {exc}")
     reasons = ", ".join(f"{r}={n}" for r, n in sorted(stats.rejected_by_reason.items()))
     print(
         f"quotastream: {stats.lines} lines, {stats.accepted} decided, "
@@ -206,8 +248,10 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from streaming.config_log import MisshapenTopicError  # noqa: PLC0415
     from streaming.preflight import UnreachableError  # noqa: PLC0415
     from streaming.run import RunOptions, run  # noqa: PLC0415 - replay need not load Spark
+    from streaming.services import MissingPackageError  # noqa: PLC0415
 
     embedded = args.embedded if args.embedded is not None else args.engine_config is None
     logging.basicConfig(
@@ -226,31 +270,47 @@ def _run(args: argparse.Namespace) -> int:
                 available_now=args.available_now,
             )
         )
-    except ConfigError as exc:
-        return _fail(EXIT_BAD_CONFIG, str(exc))
+    except (ConfigError, MisshapenTopicError) as exc:
+        return _fail(EXIT_USAGE, str(exc))
     except UnreachableError as exc:
         return _fail(EXIT_UNREACHABLE, f"not started: {exc}")
+    except MissingPackageError as exc:
+        return _fail(EXIT_USAGE, f"not started: {exc}")
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from streaming.traffic import LiveTraffic  # noqa: PLC0415 - only this command needs Kafka
+    # Only this command needs a Kafka client.
+    from kafka.errors import KafkaError  # noqa: PLC0415
+
+    from streaming.preflight import DEFAULT_TIMEOUT_S, UnreachableError, check_kafka  # noqa: PLC0415
+    from streaming.traffic import LiveTraffic  # noqa: PLC0415
 
     try:
         settings = load_engine_settings(args.engine_config)
     except ConfigError as exc:
-        return _fail(EXIT_BAD_CONFIG, str(exc))
-    if args.events_per_message < 1:
+        return _fail(EXIT_USAGE, str(exc))
+    if args.events_per_message < 1 or (args.duration is not None and args.duration <= 0):
         return _fail(
-            EXIT_BAD_CONFIG, f"--events-per-message must be >= 1, got {args.events_per_message}"
+            EXIT_USAGE,
+            f"--events-per-message must be >= 1, got {args.events_per_message}"
+            if args.events_per_message < 1
+            else f"--duration must be > 0 seconds, got {args.duration:g}",
         )
     kafka = settings.kafka
+    where = f"Kafka at {kafka.bootstrap_servers}"
+    try:
+        check_kafka(kafka, DEFAULT_TIMEOUT_S)
+        traffic = LiveTraffic(
+            kafka.bootstrap_servers,
+            kafka.topics[0],
+            client=kafka.client_settings(),
+            events_per_message=args.events_per_message,
+        )
+    except UnreachableError as exc:
+        return _fail(EXIT_UNREACHABLE, str(exc))
+    except KafkaError as exc:
+        return _fail(EXIT_UNREACHABLE, f"{where}: {exc}")
     print(f"quotastream: simulating traffic to {kafka.topics[0]} at {kafka.bootstrap_servers}")
-    traffic = LiveTraffic(
-        kafka.bootstrap_servers,
-        kafka.topics[0],
-        client=kafka.client_settings(),
-        events_per_message=args.events_per_message,
-    )
     traffic.start()
     try:
         traffic.join(timeout=args.duration)
@@ -258,6 +318,8 @@ def _simulate(args: argparse.Namespace) -> int:
         pass
     finally:
         traffic.stop()
+    if traffic.failure is not None:
+        return _fail(EXIT_UNREACHABLE, f"{where}: publishing stopped: {traffic.failure}")
     return EXIT_OK
 
 

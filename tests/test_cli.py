@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +17,8 @@ from hypothesis import strategies as st
 from kafka import KafkaConsumer, TopicPartition
 
 from state.events import parse_events
-from streaming.cli import EXIT_BAD_CONFIG, EXIT_UNREADABLE_INPUT, main
+from streaming.cli import main
+from streaming.exit_codes import EXIT_FAILURE, EXIT_USAGE
 from streaming.services import LocalService
 from tests.conftest import ReplayRunner
 from tests.factories import BASE, fetch, produce, remote, replication
@@ -78,7 +81,7 @@ def test_decisions_do_not_depend_on_the_batch_size(
 
 def test_bad_config_exits_2_naming_the_key(replay_cli: ReplayRunner) -> None:
     run = replay_cli("clients: [{user: a, producer_byte_rate: -1}]", [])
-    assert run.exit_code == EXIT_BAD_CONFIG
+    assert run.exit_code == EXIT_USAGE
     assert "clients[0].producer_byte_rate: Input should be greater than 0 (got -1)" in run.stderr
     assert run.decisions == []
 
@@ -87,14 +90,14 @@ def test_unreadable_events_file_exits_1(tmp_path: Path, capsys: pytest.CaptureFi
     config = tmp_path / "q.yaml"
     config.write_text("{}")
     code = main(["replay", str(tmp_path / "missing.jsonl"), "--config", str(config)])
-    assert code == EXIT_UNREADABLE_INPUT
+    assert code == EXIT_FAILURE
     assert "missing.jsonl" in capsys.readouterr().err
 
 
 def test_missing_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     events = tmp_path / "e.jsonl"
     events.write_text("")
-    assert main(["replay", str(events), "--config", str(tmp_path / "nope.yaml")]) == EXIT_BAD_CONFIG
+    assert main(["replay", str(events), "--config", str(tmp_path / "nope.yaml")]) == EXIT_USAGE
     assert "nope.yaml: file not found" in capsys.readouterr().err
 
 
@@ -130,7 +133,7 @@ def test_bad_engine_setting_from_the_environment_is_named(
 ) -> None:
     monkeypatch.setenv("QUOTASTREAM_EVENTS__MAX_PAYLOAD_BYTES", "tiny")
     run = replay_cli({}, [])
-    assert run.exit_code == EXIT_BAD_CONFIG
+    assert run.exit_code == EXIT_USAGE
     assert "events.max_payload_bytes: Input should be a valid integer" in run.stderr
     assert "(got 'tiny')" in run.stderr
 
@@ -177,6 +180,61 @@ def test_shipped_example_replays(capsys: pytest.CaptureFixture[str]) -> None:
     assert throttled == {"produce", "fetch", "remote_copy", "leader_replication"}
     assert any(d.get("leave_out") for d in decisions)
     assert "3 rejected" in captured.err
+    # Numbers as Python (and the Redis values) write them: no digit past a double's precision.
+    lines = captured.out.splitlines()
+    assert [json.dumps(d, separators=(",", ":")) for d in decisions] == lines
+
+
+def console_steps(markdown: str) -> list[tuple[str, list[str]]]:
+    """The ```console blocks of ``markdown`` as (command, output lines shown) steps, in page
+    order; a command starts with ``$ `` and continues over lines ending in a backslash."""
+    steps: list[tuple[str, list[str]]] = []
+    for block in re.findall(r"^```console\n(.*?)^```$", markdown, flags=re.MULTILINE | re.DOTALL):
+        continued = False
+        for line in block.splitlines():
+            if continued:
+                steps[-1] = (f"{steps[-1][0]}\n{line}", [])
+            elif line.startswith("$ "):
+                steps.append((line[2:], []))
+            else:
+                steps[-1][1].append(line)
+            continued = line.endswith("\\")
+    return steps
+
+
+def test_replay_doc_examples_are_the_real_output(tmp_path: Path) -> None:
+    """docs/replay.md's commands, run top to bottom as a reader would, in a directory that has the
+    repository's conf/ and examples/; a trailing ``...`` in the doc shows only the first lines."""
+    steps = console_steps((REPO / "docs" / "replay.md").read_text())
+    assert len(steps) >= 5
+    for name in ("conf", "examples"):
+        (tmp_path / name).symlink_to(REPO / name)
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    for command, shown in steps:
+        result = subprocess.run(
+            ["bash", "-o", "pipefail", "-c", command],
+            cwd=tmp_path,
+            env={**os.environ, "PATH": path},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        printed = result.stdout.splitlines()
+        elided = shown[-1:] == ["..."]
+        expected = shown[:-1] if elided else shown
+        assert (printed[: len(expected)] if elided else printed) == expected, command
+
+
+def test_replay_doc_summary_line_is_the_real_one(capsys: pytest.CaptureFixture[str]) -> None:
+    example = [
+        str(REPO / "examples" / "events.jsonl"),
+        "--config",
+        str(REPO / "conf" / "quotas.yaml"),
+    ]
+    assert main(["replay", *example]) == 0
+    summary = capsys.readouterr().err.splitlines()[-1]
+    assert f"`{summary}`" in (REPO / "docs" / "replay.md").read_text()
 
 
 @pytest.mark.parametrize("per_message", [1, 8])
@@ -213,7 +271,7 @@ def test_simulate_publishes_valid_traffic_to_the_events_topic(
 def test_simulate_refuses_fewer_than_one_event_per_message(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["simulate", "--events-per-message", "0"]) == EXIT_BAD_CONFIG
+    assert main(["simulate", "--events-per-message", "0"]) == EXIT_USAGE
     assert "--events-per-message must be >= 1, got 0" in capsys.readouterr().err
 
 
@@ -222,5 +280,5 @@ def test_simulate_names_a_bad_engine_setting(
 ) -> None:
     engine = tmp_path / "engine.yaml"
     engine.write_text("kafka: {max_offsets_per_trigger: 0}\n")
-    assert main(["simulate", "--engine-config", str(engine)]) == EXIT_BAD_CONFIG
+    assert main(["simulate", "--engine-config", str(engine)]) == EXIT_USAGE
     assert "kafka.max_offsets_per_trigger" in capsys.readouterr().err
