@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import shutil
 import signal
 import tempfile
 import time
@@ -28,7 +29,8 @@ from rich.markup import escape
 
 from quotastream.outage import first_line
 from state.config import load_quota_config
-from streaming.job import local_spark, start_query
+from streaming.exit_codes import EXIT_FAILURE, EXIT_OK
+from streaming.job import GracefulStop, local_spark, start_query
 from streaming.live_view import snapshot
 from streaming.metrics import EngineMetrics
 from streaming.preflight import check_servers
@@ -55,6 +57,8 @@ def run(options: RunOptions) -> int:
     redact_logs(options.settings)
     console = Console(stderr=True)
     with contextlib.ExitStack() as stack:
+        # First in, last out: a Ctrl-C while starting or stopping asks for the same clean stop.
+        stop = stack.enter_context(_StopOnSignal())
         settings = options.settings
         if options.embedded:
             settings = stack.enter_context(_embedded(settings, console))
@@ -71,21 +75,33 @@ def run(options: RunOptions) -> int:
         console.print("starting Spark …")
         spark = local_spark(settings)
         stack.callback(spark.stop)
+        stop.take_over()
+        if stop.requested:
+            return EXIT_OK
         metrics = _start_metrics(settings, console)
         if metrics is not None:
             stack.callback(metrics.close)
+        graceful_stop = GracefulStop()
         query = start_query(
-            spark, settings, config, available_now=options.available_now, metrics=metrics
+            spark,
+            settings,
+            config,
+            available_now=options.available_now,
+            metrics=metrics,
+            graceful_stop=graceful_stop,
         )
-        stack.callback(_stop_query, query)
-        _watch(settings, query, console, options.duration_s)
+        # Unwound first: the query stops before the exporter, Spark and the traffic.
+        stack.callback(_stop_query, query, graceful_stop)
+        _watch(settings, query, console, options.duration_s, stop)
+        if traffic is not None and traffic.failure is not None:
+            console.print(f"[yellow]simulated traffic stopped:[/yellow] {traffic.failure}")
         failure = query.exception()
         if failure is not None:
             log.debug("the query failed: %s", failure)
             line = escape(failure_line(failure))
             console.print(f"[red]the query failed:[/red] {line}", soft_wrap=True)
-            return 1
-    return 0
+            return EXIT_FAILURE
+    return EXIT_OK
 
 
 _TRACEBACK = "Traceback (most recent call last):"
@@ -118,7 +134,9 @@ def _start_metrics(settings: EngineSettings, console: Console) -> EngineMetrics 
     """
     if not settings.metrics.enabled:
         return None
-    metrics = EngineMetrics.from_settings(settings.metrics, keep_ms=settings.redis.keep_ms)
+    metrics = EngineMetrics.from_settings(
+        settings.metrics, keep_ms=settings.redis.keep_ms, kafka=settings.kafka
+    )
     try:
         port = metrics.serve()
     except OSError as exc:
@@ -142,22 +160,29 @@ def _embedded(settings: EngineSettings, console: Console) -> Iterator[EngineSett
             f"embedded: Kafka-compatible broker {kafka.address}, Redis {redis_server.address}, "
             f"checkpoint {checkpoint}"
         )
-        yield settings.pointed_at(
-            kafka.address,
-            redis_server.host,
-            redis_server.port,
-            checkpoint,
-            starting_offsets="earliest",
-        )
+        try:
+            yield settings.pointed_at(
+                kafka.address,
+                redis_server.host,
+                redis_server.port,
+                checkpoint,
+                starting_offsets="earliest",
+            )
+        finally:
+            # The in-memory broker's offsets end with it: the checkpoint could not resume.
+            shutil.rmtree(checkpoint, ignore_errors=True)
 
 
 def _watch(
-    settings: EngineSettings, query: Any, console: Console, duration_s: float | None
+    settings: EngineSettings,
+    query: Any,
+    console: Console,
+    duration_s: float | None,
+    stop: _StopOnSignal,
 ) -> None:
     client = redis.Redis(**settings.redis.connection(), retry=Retry(NoBackoff(), 0))
     deadline = None if duration_s is None else time.monotonic() + duration_s
     interactive = console.is_terminal
-    stop = _StopOnSignal()
     with (
         Live(console=console, auto_refresh=False, transient=False)
         if interactive
@@ -187,17 +212,34 @@ def _view(client: redis.Redis, settings: EngineSettings, live: Live | None) -> s
 
 
 class _StopOnSignal:
-    """Turns Ctrl-C / SIGTERM into a clean stop of everything the run started."""
+    """Turns Ctrl-C / SIGTERM into a clean stop of everything the run started; the handlers
+    before it are restored on exit."""
+
+    _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.requested = False
-        signal.signal(signal.SIGINT, self._request)
-        signal.signal(signal.SIGTERM, self._request)
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopOnSignal:
+        self._previous = {signum: signal.getsignal(signum) for signum in self._SIGNALS}
+        self.take_over()
+        return self
+
+    def take_over(self) -> None:
+        """Installs the handlers (again): a new SparkContext installs its own for SIGINT, which
+        cancels every job and raises KeyboardInterrupt, killing the batch being written."""
+        for signum in self._SIGNALS:
+            signal.signal(signum, self._request)
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
 
     def _request(self, signum: int, frame: object) -> None:
         self.requested = True
 
 
-def _stop_query(query: Any) -> None:
+def _stop_query(query: Any, graceful_stop: GracefulStop) -> None:
     with contextlib.suppress(Exception):
-        query.stop()
+        graceful_stop.stop(query)

