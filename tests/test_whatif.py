@@ -511,7 +511,9 @@ def test_plot_shades_each_configurations_throttled_periods() -> None:
 
 
 def test_replay_doc_prose_numbers_are_the_examples() -> None:
-    """docs/replay.md quotes the shipped example's summed throttles and whole-throttle union."""
+    """docs/replay.md quotes the shipped example's throttle count, summed throttles, throttled wall
+    time and whole-throttle union; all recomputed here, so regenerating the example shows which
+    sentence went stale."""
     payloads = (REPO / "examples" / "events.jsonl").read_bytes().splitlines()
     decisions = decide(
         parse_quota_config(yaml.safe_load((REPO / "conf" / "quotas.yaml").read_text()), "base"),
@@ -522,12 +524,19 @@ def test_replay_doc_prose_numbers_are_the_examples() -> None:
     def counter(entity: str) -> pd.DataFrame:
         return decisions[decisions["entity"].astype(str) == entity]
 
-    summed = int(counter("broker=1").query("quota == 'leader_replication'")["throttle_ms"].sum())
+    replication = counter("broker=1").query("quota == 'leader_replication'")
+    throttles = [int(throttle) for throttle in replication["throttle_ms"]]
+    summed = sum(throttles)
+    wall = engine_throttled_ms(
+        [(int(ts), throttle) for ts, throttle in zip(replication["ts"], throttles, strict=True)],
+        span,
+    )
     loader = counter("user=ingest,client-id=bulk-loader,broker=1")
     whole: set[int] = set()
     for ts, throttle in zip(loader["ts"], loader["throttle_ms"], strict=True):
         whole.update(range(ts, min(ts + throttle, span[1])))
     doc = " ".join((REPO / "docs" / "replay.md").read_text().split())
-    assert f"118 throttles summing to {summed:,} ms" in doc
-    assert f"{summed / 57_892:.1f} times the 57,892 ms" in doc
+    throttled = sum(throttle > 0 for throttle in throttles)
+    assert f"{throttled} throttles summing to {summed:,} ms" in doc
+    assert f"{summed / wall:.1f} times the {wall:,} ms" in doc
     assert f"would count {len(whole):,} ms from whole throttles" in doc
