@@ -143,13 +143,17 @@ def test_prometheus_sees_a_throttled_client(
         traffic = SteadyTraffic(kafka, topic, produce("alice", "app", 400, 0))
         traffic.start()
         deadline = time.monotonic() + 75
-        throttle = utilisation = throttled = None
+        throttle = utilisation = throttled = input_events = None
+        # The decisions' series come with the batch's write, the input count with Spark's
+        # progress event after it: a scrape can fall between the two, so each is waited for.
         while time.monotonic() < deadline:
             assert query.isActive, query.exception()
             throttle = first_value(prometheus, f"{THROTTLE_TIME}{selector}")
             utilisation = first_value(prometheus, f"{QUOTA_UTILISATION}{selector}")
             throttled = first_value(prometheus, f'{THROTTLED_ENTITIES}{{quota="produce"}}')
-            if throttle and utilisation and throttle > 0 and utilisation > 1:
+            input_events = first_value(prometheus, "quotastream_input_events_total")
+            seen = (throttle or 0) > 0 and (utilisation or 0) > 1 and (throttled or 0) >= 1
+            if seen and (input_events or 0) > 0:
                 break
             time.sleep(0.25)
         found_at = deadline - time.monotonic()
@@ -157,7 +161,7 @@ def test_prometheus_sees_a_throttled_client(
         assert (utilisation or 0) > 1, (throttle, utilisation)
         assert (throttled or 0) >= 1
         # Spark's progress reaches Prometheus too.
-        assert (first_value(prometheus, "quotastream_input_events_total") or 0) > 0
+        assert (input_events or 0) > 0
         up = first_value(prometheus, 'up{job="quotastream"}')
         assert up == 1.0
         # Kafka's own label names aggregate as in Kafka's metrics: by user.
