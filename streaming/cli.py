@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import importlib.metadata
 import logging
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -160,7 +161,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("--engine-config", type=Path, help="engine settings YAML (Kafka)")
     simulate.add_argument(
-        "--duration", type=float, metavar="SECONDS", help="stop after this long (default: never)"
+        "--duration",
+        type=float,
+        metavar="SECONDS",
+        help="publish this many seconds of traffic (rounded up), then stop (default: never)",
     )
     simulate.add_argument(
         "--events-per-message",
@@ -305,6 +309,7 @@ def _simulate(args: argparse.Namespace) -> int:
             kafka.topics[0],
             client=kafka.client_settings(),
             events_per_message=args.events_per_message,
+            seconds=None if args.duration is None else math.ceil(args.duration),
         )
     except UnreachableError as exc:
         return _fail(EXIT_UNREACHABLE, str(exc))
@@ -313,7 +318,7 @@ def _simulate(args: argparse.Namespace) -> int:
     print(f"quotastream: simulating traffic to {kafka.topics[0]} at {kafka.bootstrap_servers}")
     traffic.start()
     try:
-        traffic.join(timeout=args.duration)
+        traffic.join()
     except KeyboardInterrupt:
         pass
     finally:

@@ -251,7 +251,11 @@ def messages(events: list[Event], events_per_message: int) -> Iterator[bytes]:
 
 
 class LiveTraffic(threading.Thread):
-    """Publishes the scenario to Kafka in real time until stopped.
+    """Publishes the scenario to Kafka in real time until stopped, or for ``seconds`` seconds.
+
+    A bounded run counts scenario seconds, not wall-clock time: a second is published as it
+    begins, and a slow flush delays the next one rather than adding one, so ``seconds=3`` gives
+    exactly three seconds of events however loaded the machine is.
 
     A Kafka error ends the publishing and is kept in :attr:`failure` for the caller to report:
     a thread's traceback would tell an operator less than the one line the caller prints.
@@ -261,12 +265,16 @@ class LiveTraffic(threading.Thread):
         self,
         bootstrap_servers: str,
         topic: str,
+        *,
         seed: int = 2026,
         client: Mapping[str, Any] | None = None,
         events_per_message: int = 1,
+        seconds: int | None = None,
     ) -> None:
         if events_per_message < 1:
             raise ValueError(f"events per message must be >= 1, got {events_per_message}")
+        if seconds is not None and seconds < 1:
+            raise ValueError(f"seconds must be >= 1, got {seconds}")
         super().__init__(name="quotastream-traffic", daemon=True)
         # ``client``: kafka-python settings (TLS, SASL), as the engine's own clients take them.
         self._producer = KafkaProducer(
@@ -275,6 +283,7 @@ class LiveTraffic(threading.Thread):
         self._topic = topic
         self._events_per_message = events_per_message
         self._scenario = Scenario(seed)
+        self._seconds = seconds
         self._stopping = threading.Event()
         self.failure: KafkaError | None = None
 
@@ -291,7 +300,7 @@ class LiveTraffic(threading.Thread):
     def _publish(self) -> None:
         start_ms = int(time.time() * 1000) // 1000 * 1000
         second = 0
-        while not self._stopping.is_set():
+        while not self._stopping.is_set() and (self._seconds is None or second < self._seconds):
             events = self._scenario.second(second, start_ms)
             for value in messages(events, self._events_per_message):
                 self._producer.send(self._topic, value)
