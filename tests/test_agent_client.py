@@ -171,11 +171,11 @@ def test_a_stopped_redis_fails_open_at_once_logs_once_and_recovers_on_the_same_p
     assert 50_000 < stale.throttle_ms <= 60_000
     assert (client.errors, client.redis_up) == (1, False)
 
-    # Nothing cached: fail open, without trying Redis again within the backoff.
+    # Nothing cached: fail open, without trying Redis again within the backoff. Counted, not
+    # timed: no attempt means no error added and each lookup skipped (a timing bound flakes on a
+    # loaded machine; docs/agents.md gives the measured figures).
     for _ in range(100):
-        began = time.monotonic()
         answer = client.lookup("produce", "user=bob,broker=1")
-        assert time.monotonic() - began < 0.05
         assert (answer.source, answer.throttle_ms, answer.decision) == (Source.FAIL_OPEN, 0, None)
     assert (client.errors, client.skipped) == (1, 100)
 
