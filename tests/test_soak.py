@@ -1,0 +1,165 @@
+"""A short soak: the claims of ``bench/soak.py`` (state bounded by the active entities, memory
+flat) as a test that fails on growth.
+
+Both stages of the streaming job run without Spark, as Spark runs them per shard (the state of
+each shard carried from one micro-batch to the next), over a simulated clock: 14 generations of
+clients, each active for 2 one-second micro-batches and then gone for good. With
+``events.max_past_ms`` the engine forgets an entity once its windows are empty at the eviction
+horizon, so the state must follow the active generations, not every client ever seen; throttles
+must all be released; and the process must not keep what the batches allocated. The 30-minute run
+through Spark stays a benchmark (``bench/soak.py``).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import random
+import tracemalloc
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from state.config import parse_quota_config
+from state.core import QuotaCore
+from state.events import EventBounds
+from state.shard import ShardState
+from state.throttle_timers import ThrottleTimers
+from streaming.stages import KafkaRecords, StageSettings, group_rows, staged_batches, update_shard
+from tests.factories import BASE, produce
+
+GENERATIONS = 14
+BATCHES_PER_GENERATION = 2
+CLIENTS_PER_GENERATION = 150
+EVENTS_PER_BATCH = 400
+MAX_PAST_MS = 3_000
+WINDOW_MS = 3 * 1000
+
+CONFIG = parse_quota_config(
+    {
+        # Short windows (3 samples of 1 s), so that a generation ages out within a few batches.
+        "quota_types": {"produce": {"samples": 3, "window_ms": 1000}},
+        # Many clients are throttled now and then: timers are set, and must all be released.
+        "clients": [{"user": "<default>", "producer_byte_rate": 2_000}],
+    },
+    "soak config",
+)
+#: An entity stays until its last event is a window older than the horizon, so at most this many
+#: generations are in the state at once.
+GENERATIONS_KEPT = -(-(MAX_PAST_MS + WINDOW_MS) // (BATCHES_PER_GENERATION * 1000)) + 1
+
+
+@dataclass(frozen=True)
+class Sample:
+    entities: int
+    state_bytes: int
+    pending_timers: int
+    python_bytes: int
+
+
+class SimulatedClock:
+    def __init__(self) -> None:
+        self.now_ms = BASE
+
+    def __call__(self) -> float:
+        return self.now_ms / 1000
+
+
+def batch_values(rng: random.Random, generation: int, now_ms: int) -> list[bytes]:
+    return [
+        json.dumps(
+            produce(
+                f"g{generation}-u{event % CLIENTS_PER_GENERATION}",  # every client, every batch
+                "app",
+                rng.randrange(100, 2000),
+                now_ms - rng.randrange(1000),
+            )
+        ).encode()
+        for event in range(EVENTS_PER_BATCH)
+    ]
+
+
+def measure(states: dict[int, ShardState]) -> tuple[int, int, int]:
+    entities = state_bytes = pending = 0
+    for state in states.values():
+        core = QuotaCore.restore(CONFIG, state.tables)
+        entities += sum(len(table) for table in core.tables.values())
+        state_bytes += len(state.tables) + len(state.timers) + len(state.remote_log)
+        pending += ThrottleTimers.decode(state.timers).stats().pending
+    return entities, state_bytes, pending
+
+
+def run_soak(max_past_ms: int | None, generations: int = GENERATIONS) -> list[Sample]:
+    """One sample per generation, taken at its last micro-batch."""
+    clock = SimulatedClock()
+    stage = StageSettings(
+        # One shard: the state of every entity in one group, as a shard holds it.
+        CONFIG,
+        EventBounds(),
+        65_536,
+        shards=1,
+        max_past_ms=max_past_ms,
+        clock=clock,
+    )
+    rng = random.Random(2026)
+    states: dict[int, ShardState] = {}
+    offset = 0
+    samples = []
+    tracemalloc.start()
+    try:
+        for generation in range(generations):
+            for _ in range(BATCHES_PER_GENERATION):
+                clock.now_ms += 1000
+                values = batch_values(rng, generation, clock.now_ms)
+                records = KafkaRecords(
+                    "events", 0, list(range(offset, offset + len(values))), list(values), 0
+                )
+                offset += len(values)
+                rows = pa.Table.from_batches(list(staged_batches(records, stage))).to_pandas()
+                for shard, group in rows.groupby("shard"):
+                    update = update_shard(
+                        states.get(int(shard)), group_rows([group]), stage, int(shard), clock.now_ms
+                    )
+                    if update.state is not None:
+                        states[int(shard)] = update.state
+            gc.collect()
+            entities, state_bytes, pending = measure(states)
+            samples.append(
+                Sample(entities, state_bytes, pending, tracemalloc.get_traced_memory()[0])
+            )
+    finally:
+        tracemalloc.stop()
+    return samples
+
+
+def test_state_follows_the_active_clients_and_memory_stays_flat() -> None:
+    samples = run_soak(MAX_PAST_MS)
+    warm = samples[GENERATIONS_KEPT:]
+    # Bounded by the generations still within the horizon, not by all clients ever seen.
+    assert max(s.entities for s in samples) <= GENERATIONS_KEPT * CLIENTS_PER_GENERATION
+    assert samples[-1].entities <= GENERATIONS_KEPT * CLIENTS_PER_GENERATION
+    seen = GENERATIONS * CLIENTS_PER_GENERATION
+    assert samples[-1].entities < seen / 4
+    # Once the first generations have aged out, nothing grows: the last third of the run keeps
+    # no more state, and holds no more Python memory, than the first third after warm-up.
+    third = len(warm) // 3
+    first, last = warm[:third], warm[-third:]
+    assert max(s.state_bytes for s in last) <= 1.1 * max(s.state_bytes for s in first)
+    assert max(s.python_bytes for s in last) <= 1.1 * max(s.python_bytes for s in first)
+    # Throttles were set all along, and none is left pending beyond its generation's.
+    assert max(s.pending_timers for s in samples) > 0
+    assert max(s.pending_timers for s in last) <= CLIENTS_PER_GENERATION
+    print(
+        "entities per generation:",
+        [s.entities for s in samples],
+        f"state {first[0].state_bytes} -> {last[-1].state_bytes} B,"
+        f" python {first[0].python_bytes} -> {last[-1].python_bytes} B",
+    )
+
+
+def test_without_a_horizon_every_client_ever_seen_is_kept() -> None:
+    """The control: the same soak without ``max_past_ms`` keeps every entity, so the bound above
+    is the eviction's doing, not the workload's."""
+    generations = GENERATIONS_KEPT + 2
+    samples = run_soak(None, generations)
+    assert samples[-1].entities == generations * CLIENTS_PER_GENERATION
