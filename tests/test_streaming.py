@@ -327,11 +327,17 @@ def test_live_configuration_changes_apply_from_the_next_micro_batch(
         appended: list[tuple[int, int]] = []  # (wall ms once appended, version)
         for change, follows in changes:
             version = config_log.append(change)
-            appended.append((int(time.time() * 1000), version))
+            appended_ms = int(time.time() * 1000)
+            appended.append((appended_ms, version))
             changed_at = time.monotonic()
-            decision = wait_for_decision(agent, entity, query, decided_with(version), 30)
+            seen: list[Decision] = []
+            decision = wait_for_decision(agent, entity, query, decided_with(version), 30, seen)
             latencies.append(time.monotonic() - changed_at)
             assert follows(decision), (change, decision)
+            # An event stamped after the append was read by a batch planned after it: no
+            # decision that counts one may be made with an older version.
+            stale = [d for d in seen if d.decided_at >= appended_ms and d.config_version < version]
+            assert not stale, (version, stale[0])
     finally:
         traffic.stop()
         query.stop()
@@ -389,12 +395,16 @@ def wait_for_decision(
     query: StreamingQuery,
     wanted: Callable[[Decision], bool],
     timeout_s: float,
+    seen: list[Decision] | None = None,
 ) -> Decision:
-    """Polls the entity's decision every 20 ms until ``wanted`` holds (or fails the test)."""
+    """Polls the entity's decision every 20 ms until ``wanted`` holds (or fails the test);
+    each decision read goes to ``seen``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert query.isActive, query.exception()
         decision = agent.lookup("produce", entity)
+        if decision is not None and seen is not None:
+            seen.append(decision)
         if decision is not None and wanted(decision):
             return decision
         time.sleep(0.02)
