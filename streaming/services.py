@@ -99,10 +99,39 @@ class LocalService:
 
 
 def free_port() -> int:
+    """A loopback port no server listens on, chosen below the kernel's ephemeral range.
+
+    A server that is stopped and started again on its port (an outage test, the durable
+    broker's restart) must find it free: the kernel hands ephemeral ports to outgoing
+    connections, and one made meanwhile (Spark, Kafka clients) could take the stopped server's
+    port. Ports below the range are never handed out so.
+    """
+    first_ephemeral = _first_ephemeral_port()
+    for _ in range(100):
+        port = secrets.randbelow(first_ephemeral - _FIRST_FREE_PORT) + _FIRST_FREE_PORT
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((_LOOPBACK, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((_LOOPBACK, 0))
-        port: int = probe.getsockname()[1]
-        return port
+        chosen: int = probe.getsockname()[1]
+        return chosen
+
+
+#: Where :func:`free_port` starts looking: above the ports well-known services use.
+_FIRST_FREE_PORT = 20_000
+
+
+def _first_ephemeral_port() -> int:
+    """The lowest port the kernel hands to outgoing connections (Linux; 32768 elsewhere)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+    return max(low, _FIRST_FREE_PORT + 1_000)
 
 
 def redis_binary(prefer_system: bool = True) -> str:

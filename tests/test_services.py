@@ -17,6 +17,7 @@ from streaming.services import (
     MissingPackageError,
     ServiceError,
     _start,
+    free_port,
     redis_binary,
     start_kafka,
     start_redis,
@@ -47,6 +48,17 @@ def test_redis_starts_serves_and_stops(binary: str) -> None:
 def test_two_servers_get_different_ports() -> None:
     with start_redis() as first, start_redis() as second:
         assert first.port != second.port
+
+
+def test_free_ports_are_outside_the_range_outgoing_connections_take() -> None:
+    """A stopped server's port is not taken meanwhile by an outgoing connection, so it can be
+    started again on it (the outage tests do)."""
+    first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [free_port() for _ in range(50)]
+    assert all(20_000 <= port < first_ephemeral for port in ports), ports
+    with start_redis(port=ports[0]) as server:
+        assert server.port == ports[0]
+        assert free_port() != ports[0]
 
 
 def test_a_server_that_cannot_start_is_reported_with_its_output() -> None:
