@@ -65,7 +65,9 @@ def describe_validation_error(source: str, error: ValidationError) -> str:
     for problem in error.errors(include_url=False):
         where = _key_path(problem["loc"])
         message = problem["msg"].removeprefix("Value error, ")
-        if problem["type"] == "missing" or "input" not in problem:
+        # A section's own check (its input a whole mapping) names its keys in its message; the
+        # mapping is not echoed, since it may hold secrets (passwords, kafka.client values).
+        if problem["type"] == "missing" or isinstance(problem.get("input", {}), dict):
             lines.append(f"{source}: {where}: {message}")
             continue
         got = repr(problem["input"])

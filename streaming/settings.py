@@ -64,6 +64,31 @@ class KafkaSettings(BaseModel):
     #: kafka-python settings for the source (e.g. security_protocol, sasl_plain_password).
     client: dict[str, SecretStr] = {}
 
+    @model_validator(mode="after")
+    def _encrypted_client_key_has_its_password(self) -> KafkaSettings:
+        # Without ssl_password, OpenSSL asks for an encrypted key's pass phrase on the terminal
+        # at every connection: a run would hang at its first client, or fail on no terminal.
+        if "ssl_password" in self.client:
+            return self
+        key = self.client.get("ssl_keyfile") or self.client.get("ssl_certfile")
+        if key is not None and _is_encrypted_key(Path(key.get_secret_value())):
+            name = "ssl_keyfile" if "ssl_keyfile" in self.client else "ssl_certfile"
+            raise ValueError(
+                f"client.{name} holds an encrypted private key, and client.ssl_password is not"
+                " set (QUOTASTREAM_KAFKA__CLIENT__SSL_PASSWORD)"
+            )
+        return self
+
+
+def _is_encrypted_key(path: Path) -> bool:
+    """A PEM file whose private key needs a pass phrase (PKCS#8 or traditional OpenSSL); a file
+    that cannot be read is left to the client to report."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return False
+    return "-----BEGIN ENCRYPTED PRIVATE KEY-----" in text or "Proc-Type: 4,ENCRYPTED" in text
+
 
 class RedisSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

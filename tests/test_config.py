@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from state.config import DEFAULT, QuotaConfig, ThrottledReplicas, load_quota_config
 from state.configfile import ConfigError
 from state.quota_types import QuotaType
 from streaming.settings import load_engine_settings
+from tests.certificates import make_certificates, make_client_certificate
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -156,3 +158,54 @@ def test_secrets_never_show_in_settings_output(monkeypatch: pytest.MonkeyPatch) 
     assert settings.redis.password.get_secret_value() == "hunter2"
     assert "hunter2" not in repr(settings)
     assert "hunter2" not in str(settings.model_dump())
+
+
+def test_an_encrypted_client_key_without_its_password_is_refused_naming_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenSSL would ask for the pass phrase on the terminal at the first connection instead."""
+    server = make_certificates(tmp_path / "tls")
+    client = make_client_certificate(server, "engine", key_password="kafka-key-secret")
+    engine = tmp_path / "engine.yaml"
+    engine.write_text(
+        yaml.safe_dump(
+            {
+                "kafka": {
+                    "client": {"ssl_certfile": str(client.cert), "ssl_keyfile": str(client.key)}
+                }
+            }
+        )
+    )
+    with pytest.raises(ConfigError) as refused:
+        load_engine_settings(engine)
+    assert str(refused.value) == (
+        f"{engine} (or its QUOTASTREAM_* override): kafka: client.ssl_keyfile holds an encrypted"
+        " private key, and client.ssl_password is not set (QUOTASTREAM_KAFKA__CLIENT__SSL_PASSWORD)"
+    )
+    monkeypatch.setenv("QUOTASTREAM_KAFKA__CLIENT__SSL_PASSWORD", "kafka-key-secret")
+    assert "ssl_password" in load_engine_settings(engine).kafka.client_settings()
+    # An unencrypted key needs no password.
+    monkeypatch.delenv("QUOTASTREAM_KAFKA__CLIENT__SSL_PASSWORD")
+    engine.write_text(
+        yaml.safe_dump(
+            {
+                "kafka": {
+                    "client": {"ssl_certfile": str(server.cert), "ssl_keyfile": str(server.key)}
+                }
+            }
+        )
+    )
+    assert "ssl_password" not in load_engine_settings(engine).kafka.client_settings()
+
+
+def test_a_section_error_does_not_echo_the_section_and_its_secrets(tmp_path: Path) -> None:
+    engine = tmp_path / "engine.yaml"
+    engine.write_text(
+        yaml.safe_dump({"redis": {"password": "hunter2", "ssl_cert_file": "client.pem"}})
+    )
+    with pytest.raises(ConfigError) as refused:
+        load_engine_settings(engine)
+    assert str(refused.value) == (
+        f"{engine} (or its QUOTASTREAM_* override): redis: ssl_cert_file and ssl_key_file must be"
+        " set together"
+    )
