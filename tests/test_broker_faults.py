@@ -12,13 +12,16 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
 import time
 import uuid
+from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
-import redis
+from kafka import KafkaProducer
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable
@@ -34,13 +37,15 @@ from streaming.metrics import KAFKA_OUTAGE, KAFKA_OUTAGES, SOURCE_DATA_LOSS, Eng
 from streaming.offsets import SourceOptions
 from streaming.services import LocalService, start_kafka, start_object_store
 from streaming.source_status import read_status
-from tests.expected import by_key, final_decisions
+from tests.checkpoint import PlannedBatch, planned_batches
 from tests.factories import MIXED_QUOTAS, mixed_payloads, produce
-from tests.test_chaos import commits, engine_file, quotastream, stored_decisions
+from tests.test_chaos import assert_matches_batch_recomputation, commits, engine_file, quotastream
 from tests.test_metrics import samples
 from tests.test_streaming import engine_settings, publish
 
 CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
+#: Partitions of the topics the tests publish to (``tests.test_streaming.publish``'s default).
+PARTITIONS = 3
 
 
 def read_offsets(query: StreamingQuery, topic: str) -> int:
@@ -150,24 +155,6 @@ def test_offsets_lost_with_the_broker_are_counted_and_the_new_log_read_when_tole
         broker.stop()
 
 
-def wait_for_outage(
-    query: StreamingQuery, metrics: EngineMetrics, failed_triggers: int, timeout_s: float = 120
-) -> OutageStatus:
-    """Waits until the source has found the broker unreachable at ``failed_triggers`` triggers."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        assert query.isActive, query.exception()
-        status = read_status(metrics.source_status_file)
-        if (
-            status is not None
-            and status.since_ms is not None
-            and status.failures >= failed_triggers
-        ):
-            return status
-        assert time.monotonic() < deadline, status
-        time.sleep(0.2)
-
-
 def test_a_source_that_never_met_the_broker_waits_one_request_timeout_per_trigger() -> None:
     """A trigger of a source first used during an outage (a query starting then) waits one
     request timeout, as every other, not kafka-python's 30 s for a first bootstrap."""
@@ -241,59 +228,229 @@ def test_a_broker_back_after_a_long_outage_is_noticed_within_a_second_or_two() -
             broker.stop()
 
 
-def test_a_broker_down_for_several_triggers_is_waited_out_and_every_record_decided_once(
+#: The mid-stream restart's traffic. The producer stays ``PUBLISHED_AHEAD`` records ahead of
+#: what the query has read, so the query always has records to read. Once it has read
+#: ``READ_BEFORE_FAULT``, the broker hangs in the middle of a micro-batch, takes ``IN_FLIGHT``
+#: more records it cannot acknowledge and is killed; ``PUBLISHED_WHILE_DOWN`` more are published
+#: before it is back.
+DURABLE_RECORDS = 1200
+PUBLISHED_AHEAD = 300
+READ_BEFORE_FAULT = 300
+IN_FLIGHT = 50
+PUBLISHED_WHILE_DOWN = 150
+
+
+class PacedPublisher(threading.Thread):
+    """Publishes ``values`` in order, round-robin over the topic's partitions, each as soon as
+    the test has granted it (:meth:`grant`). The producer retries what the broker did not
+    acknowledge, as an agent's does."""
+
+    def __init__(self, address: str, topic: str, values: list[bytes]) -> None:
+        super().__init__(name="paced-publisher", daemon=True)
+        self.address, self.topic, self.values = address, topic, values
+        self._granted = 0
+        self._closed = False
+        self._changed = threading.Condition()
+        #: Records handed to the producer so far (those with a lower index).
+        self.sent = 0
+        #: Acknowledged records by index, and any the producer gave up on.
+        self.acked: set[int] = set()
+        self.failed: dict[int, Exception] = {}
+        self.error: BaseException | None = None
+
+    def grant(self, count: int) -> None:
+        """Lets the producer publish the records below index ``count``."""
+        with self._changed:
+            self._granted = max(self._granted, min(count, len(self.values)))
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        """Stops publishing (a failed test) without waiting for acknowledgements."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def run(self) -> None:
+        producer = KafkaProducer(
+            bootstrap_servers=self.address,
+            linger_ms=10,
+            # Notices the restarted broker as soon as the engine's consumers do.
+            reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
+        )
+        try:
+            for index, value in enumerate(self.values):
+                with self._changed:
+                    while not (self._closed or index < self._granted):
+                        self._changed.wait()
+                    if self._closed:
+                        return
+                future = producer.send(self.topic, value, partition=index % PARTITIONS)
+                future.add_callback(lambda _, index=index: self.acked.add(index))
+                future.add_errback(lambda error, index=index: self.failed.update({index: error}))
+                self.sent = index + 1
+            producer.flush()
+        except BaseException as error:
+            self.error = error
+        finally:
+            producer.close(timeout=0 if self._closed else None)
+
+
+def publish_while_read(
+    publisher: PacedPublisher, query: StreamingQuery, topic: str, until: Callable[[], bool]
+) -> None:
+    """Grants the publisher ``PUBLISHED_AHEAD`` records beyond what the query has read, until
+    ``until()``: publishing and reading go on together."""
+    deadline = time.monotonic() + 180
+    while not until():
+        assert query.isActive, query.exception()
+        assert publisher.error is None, publisher.error
+        assert time.monotonic() < deadline, (publisher.sent, read_offsets(query, topic))
+        publisher.grant(read_offsets(query, topic) + PUBLISHED_AHEAD)
+        time.sleep(0.05)
+
+
+def wait_until_sent(publisher: PacedPublisher, count: int) -> None:
+    deadline = time.monotonic() + 60
+    while publisher.sent < count:
+        assert publisher.error is None, publisher.error
+        assert time.monotonic() < deadline, (publisher.sent, count)
+        time.sleep(0.05)
+
+
+def wait_until_run_into(
+    spark: SparkSession, query: StreamingQuery, metrics: EngineMetrics
+) -> OutageStatus | None:
+    """Waits until the query has run into the dead broker: two triggers have found it
+    unreachable (their outage status is returned), or, should a micro-batch have been planned
+    just before the fault, its read waits for the broker and no trigger runs (None)."""
+    deadline = time.monotonic() + 120
+    while True:
+        assert query.isActive, query.exception()
+        status = read_status(metrics.source_status_file)
+        if status is not None and status.since_ms is not None and status.failures >= 2:
+            return status
+        if job_stages(spark) == "reading":
+            return None
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+
+
+def job_stages(spark: SparkSession) -> Literal["reading", "past its read"] | None:
+    """Where the running micro-batch is: its job's first stage reads its records, the later
+    ones decide and write them (None: no job with tasks runs)."""
+    tracker = spark.sparkContext.statusTracker()
+    running = set(tracker.getActiveStageIds())
+    for job_id in tracker.getActiveJobsIds():
+        job = tracker.getJobInfo(job_id)
+        if job is None or not job.stageIds:
+            continue
+        first = min(job.stageIds)
+        if running & set(job.stageIds) - {first}:
+            return "past its read"
+        stage = tracker.getStageInfo(first)
+        if first in running and stage is not None and stage.numTasks > 0:
+            return "reading"
+    return None
+
+
+def batch_to_read(checkpoint: Path, topic: str) -> PlannedBatch | None:
+    """The micro-batch planned last, if it has records of ``topic`` and is not committed yet."""
+    planned = planned_batches(checkpoint)
+    if not planned or commits(checkpoint) > planned[-1].batch_id:
+        return None
+    *earlier, last = planned
+    start = sum(earlier[-1].offsets.get(topic, {}).values()) if earlier else 0
+    return last if sum(last.offsets.get(topic, {}).values()) > start else None
+
+
+def test_a_durable_broker_killed_mid_stream_is_waited_out_and_every_record_decided_once(
     spark: SparkSession, redis_server: LocalService, tmp_path: Path
 ) -> None:
-    """The broker keeps its log in an object store (tansu on S3, SeaweedFS): killed, down for
-    several triggers, started again on its port. The query waits, counts the outage, and
-    decides every record before and after exactly as the batch recomputation does."""
+    """The broker keeps its log in an object store (tansu on S3, SeaweedFS). Mid-stream (the
+    producer publishing, a micro-batch deciding records it has read, more records to read) the
+    broker hangs with records in flight and is killed. While it is down more records are
+    published and the query's triggers fail to reach it; it is started again on its port and
+    the rest is published. The query never stops, and decides every record (acknowledged
+    before the fault, in flight at it, published while the broker was down or after it)
+    exactly once, as the batch recomputation does."""
     topic = f"durable-{uuid.uuid4().hex[:8]}"
-    values = mixed_payloads(5, 1200, users=8, span_ms=5000)
+    values = mixed_payloads(5, DURABLE_RECORDS, users=8, span_ms=5000)
+    checkpoint = tmp_path / "checkpoint"
     metrics = EngineMetrics(port=0)
     with start_object_store() as store:
         storage, environment = f"s3://{store.bucket}/", store.environment()
         broker = start_kafka(storage=storage, storage_environment=environment)
+        port = broker.port
+        publisher = PacedPublisher(broker.address, topic, values)
         query = None
         try:
-            publish(broker, topic, values[:600])
+            publish(broker, topic, [], partitions=PARTITIONS)
             settings = engine_settings(broker, redis_server, tmp_path, topic)
             assert settings.kafka.fail_on_data_loss
             query = start_query(spark, settings, CONFIG, metrics=metrics)
-            wait_until_read(query, topic, 600)
-            batches_before = len(query.recentProgress)
-            # Killed outright; down while several triggers find it unreachable.
-            port = broker.port
+            publisher.start()
+            # Mid-stream: the query has read some records, and a micro-batch has read more and
+            # is deciding them; the triggers after it meet the fault.
+            publish_while_read(
+                publisher,
+                query,
+                topic,
+                until=lambda: (
+                    read_offsets(query, topic) >= READ_BEFORE_FAULT
+                    and batch_to_read(checkpoint, topic) is not None
+                    and job_stages(spark) == "past its read"
+                ),
+            )
+            # The broker hangs: what the producer sends now stays unacknowledged; then it dies.
+            broker.pause()
+            hung_at = publisher.sent
+            publisher.grant(hung_at + IN_FLIGHT)
+            wait_until_sent(publisher, hung_at + IN_FLIGHT)
+            in_flight = publisher.sent - len(publisher.acked)
+            assert in_flight >= IN_FLIGHT
             broker.process.kill()
             broker.stop()
-            during = wait_for_outage(query, metrics, failed_triggers=4)
-            scraped = metrics.scrape()
-            assert samples(scraped, KAFKA_OUTAGE)[""] > 0
-            assert samples(scraped, KAFKA_OUTAGES)[""] >= 1
-            # Started again on its port with the same storage; the rest is published.
+            down_until = publisher.sent + PUBLISHED_WHILE_DOWN
+            publisher.grant(down_until)
+            wait_until_sent(publisher, down_until)
+            counted = wait_until_run_into(spark, query, metrics)
+            if counted is not None:
+                scraped = metrics.scrape()
+                assert samples(scraped, KAFKA_OUTAGE)[""] > 0
+                assert samples(scraped, KAFKA_OUTAGES)[""] >= 1
+            # Nothing handed over since the broker hung was acknowledged while it was down.
+            assert not publisher.acked & set(range(hung_at, publisher.sent))
+            assert publisher.sent < DURABLE_RECORDS  # some are published after the restart
+            # Started again on its port with the same storage; publishing and reading go on.
             broker = start_kafka(port=port, storage=storage, storage_environment=environment)
-            publish(broker, topic, values[600:], create=False)
-            wait_until_read(query, topic, 1200)
+            publish_while_read(publisher, query, topic, until=lambda: not publisher.is_alive())
+            assert publisher.error is None, publisher.error
+            assert publisher.failed == {}
+            assert len(publisher.acked) == DURABLE_RECORDS
+            wait_until_read(query, topic, DURABLE_RECORDS)
             assert query.exception() is None
-            # Nothing was read twice: offsets only moved forward, batch after batch.
-            read = [read_offsets_of(p, topic) for p in query.recentProgress[batches_before:]]
-            assert read == sorted(read)
-            after = read_status(metrics.source_status_file)
-            assert after is not None
+            after = read_status(metrics.source_status_file) or OutageStatus(None, 0, 0)
             assert after.since_ms is None
-            assert after.outages >= during.outages >= 1
             assert samples(metrics.scrape(), KAFKA_OUTAGE)[""] == 0
         finally:
+            publisher.close()
             if query is not None:
                 query.stop()
             metrics.close()
             broker.stop()
-    stored = stored_decisions(redis.Redis(host=redis_server.host, port=redis_server.port), topic)
-    expected = by_key(final_decisions(values, CONFIG))
-    assert len(stored) == len(expected)
-    for (quota, entity), want in expected.items():
-        got = stored[f"{topic}:{quota}:{entity}"]
-        assert got["rate"] == pytest.approx(want["rate"]), (quota, entity)
-        assert got["throttle_ms"] == want["throttle_ms"], (quota, entity)
+    print(f"broker killed with {in_flight} records in flight; the triggers' outage: {counted}")
+    # Each record is once in the log and read once: no batch goes back, the last ends at the end.
+    ends = [
+        [batch.end_of(topic, partition) for partition in range(PARTITIONS)]
+        for batch in planned_batches(checkpoint)
+    ]
+    assert all(
+        earlier <= later
+        for batch, next_batch in pairwise(ends)
+        for earlier, later in zip(batch, next_batch, strict=True)
+    ), ends
+    assert sum(ends[-1]) == DURABLE_RECORDS
+    assert_matches_batch_recomputation(spark, checkpoint, redis_server, topic, values, CONFIG)
 
 
 def test_an_outage_longer_than_the_limit_fails_the_run_with_one_line(

@@ -13,7 +13,6 @@ import logging
 import pickle
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
@@ -25,10 +24,12 @@ from state.live_config import SetEnforcement, encode_change
 from streaming.config_log import ConfigLog, ConfigLogError
 from streaming.kafka_clients import is_outage
 from streaming.kafka_source import DataLossError, KafkaStreamReader
+from streaming.metrics import KAFKA_OUTAGE, KAFKA_OUTAGES, EngineMetrics
 from streaming.services import LocalService, start_kafka
 from streaming.sinks import SinkSettings, send_dead_letters
 from streaming.source_status import read_status
 from tests.test_kafka_source import Checkpoint, new_topic, produce, read_all, reader
+from tests.test_metrics import samples
 
 FAST = {"kafkaConsumer.pollTimeoutMs": "300", "startingOffsets": "earliest"}
 OUTAGE_LOGGER = "streaming.kafka_clients"
@@ -84,11 +85,13 @@ def test_what_is_waited_out(error: Exception, outage: bool) -> None:
 
 
 def test_triggers_plan_nothing_new_while_the_broker_hangs_and_the_rest_after_it(
-    broker: LocalService, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    broker: LocalService, caplog: pytest.LogCaptureFixture
 ) -> None:
     topic = new_topic(broker, 2)
     produce(broker, topic, 100, 2)
-    status = tmp_path / "status.json"
+    # The source reports its outage clock where the engine's metrics read it.
+    metrics = EngineMetrics(port=0)
+    status = metrics.source_status_file
     source = reader(broker, topic, statusFile=str(status), **FAST)
     first = source.latestOffset(source.initialOffset(), ReadAllAvailable())
     assert total(first, topic) == 100
@@ -98,15 +101,23 @@ def test_triggers_plan_nothing_new_while_the_broker_hangs_and_the_rest_after_it(
             for _ in range(3):
                 assert source.latestOffset(first, ReadAllAvailable()) == first
             during = read_status(status)
+            scraped_during = metrics.scrape()
         finally:
             broker.resume()
         produce(broker, topic, 50, 2, first=100)
         after = source.latestOffset(first, ReadAllAvailable())
+    scraped_after, recovered = metrics.scrape(), read_status(status)
+    metrics.close()
     assert total(after, topic) == 150
     assert during is not None
     assert during.since_ms is not None
     assert (during.outages, during.failures) == (1, 3)
-    assert read_status(status) == type(during)(since_ms=None, outages=1, failures=3)
+    assert recovered == type(during)(since_ms=None, outages=1, failures=3)
+    assert samples(scraped_during, KAFKA_OUTAGE)[""] > 0
+    assert samples(scraped_after, KAFKA_OUTAGE)[""] == 0
+    assert (
+        samples(scraped_during, KAFKA_OUTAGES)[""] == samples(scraped_after, KAFKA_OUTAGES)[""] == 1
+    )
     messages = outage_messages(caplog)
     assert len(messages) == 2, messages
     assert messages[0].startswith(f"Kafka at {broker.address} unreachable (")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import pickle
+import re
 import uuid
 from collections.abc import Iterator
 
@@ -65,16 +67,53 @@ def read_all(
     return rows
 
 
-def test_reads_every_record_although_the_broker_undercounts_its_end(
-    broker: LocalService,
-) -> None:
+def reported_ends(broker: LocalService, topic: str, partitions: int) -> dict[TopicPartition, int]:
+    """The partitions' end offsets as ListOffsets answers them."""
+    consumer = KafkaConsumer(bootstrap_servers=broker.address)
+    reported: dict[TopicPartition, int] = consumer.end_offsets(
+        [TopicPartition(topic, p) for p in range(partitions)]
+    )
+    consumer.close()
+    return reported
+
+
+@pytest.mark.xfail(
+    reason="tansu 0.6 answers ListOffsets with the base offset of a partition's last record "
+    "batch plus one: the records a producer's linger_ms batched after it go uncounted",
+    strict=False,
+)
+def test_the_broker_reports_true_end_offsets(broker: LocalService) -> None:
+    """What Apache Kafka does; an XPASS means tansu no longer has the quirk that the test
+    below guards against (which then still tests the source, through its lowered case)."""
     topic = new_topic(broker, 3)
     produce(broker, topic, 1000, 3)
-    consumer = KafkaConsumer(bootstrap_servers=broker.address)
-    reported = consumer.end_offsets([TopicPartition(topic, p) for p in range(3)])
-    consumer.close()
-    # The broker quirk this guards against: ListOffsets alone misses records.
-    assert sum(reported.values()) < 1000
+    assert sum(reported_ends(broker, topic, 3).values()) == 1000
+
+
+#: How much lower than the broker the ``reported-lower`` case reports each end.
+UNDERCOUNT = 50
+
+
+@pytest.mark.parametrize("lowered", [False, True], ids=["as-the-broker-reports", "reported-lower"])
+def test_reads_every_record_although_the_broker_undercounts_its_end(
+    broker: LocalService, monkeypatch: pytest.MonkeyPatch, lowered: bool
+) -> None:
+    """Some brokers' ListOffsets misses records: tansu's, with linger batching (see the xfail
+    test above). So that this tests the source whatever tansu reports, the ``reported-lower``
+    case lowers every reported end at the client boundary (kafka-python's ``end_offsets``)."""
+    topic = new_topic(broker, 3)
+    produce(broker, topic, 1000, 3)
+    if lowered:
+        end_offsets = KafkaConsumer.end_offsets
+
+        def undercounted(
+            consumer: KafkaConsumer, partitions: list[TopicPartition], timeout_ms: int | None = None
+        ) -> dict[TopicPartition, int]:
+            reported = end_offsets(consumer, partitions, timeout_ms)
+            return {tp: max(end - UNDERCOUNT, 1) for tp, end in reported.items()}
+
+        monkeypatch.setattr(KafkaConsumer, "end_offsets", undercounted)
+        assert sum(reported_ends(broker, topic, 3).values()) < 1000
 
     source = reader(broker, topic, startingOffsets="earliest")
     start = source.initialOffset()
@@ -82,6 +121,8 @@ def test_reads_every_record_although_the_broker_undercounts_its_end(
     assert end == {topic: {"0": 334, "1": 333, "2": 333}}
     rows = read_all(source, start, end)
     assert sorted(int(value) for _, _, value in rows) == list(range(1000))
+    # A checkpoint at the true end, above the reported one, is not taken for lost records.
+    assert source.latestOffset(end, ReadAllAvailable()) == end
     source.stop()
 
 
@@ -163,6 +204,69 @@ def test_vanished_offsets_restart_from_the_earliest_when_tolerated(
     end = source.latestOffset(start, ReadAllAvailable())
     assert "restarting this partition from its earliest offset" in caplog.text
     assert [int(v) for _, _, v in read_all(source, start, end)] == [0, 1, 2, 3, 4]
+    source.stop()
+
+
+#: A source whose tail read gets no records in time: the broker holds each fetch until it has
+#: 100 MB or 10 s have passed, longer than the source's 500 ms request timeout.
+HELD_FETCHES = {
+    "kafkaConsumer.pollTimeoutMs": "500",
+    "kafka.fetch_min_bytes": str(100 * 2**20),
+    "kafka.fetch_max_wait_ms": "10000",
+    "kafka.request_timeout_ms": "15000",
+}
+
+
+def test_a_reported_end_below_the_checkpoint_is_a_loss_only_once_the_records_confirm_it(
+    broker: LocalService, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ListOffsets puts the log's end below the checkpoint, as after a lost log, but also as a
+    broker that under-reports does. While the partition's records do not answer, that is no
+    proof: the trigger plans nothing new for it and says so. Once they answer, it is a loss."""
+    topic = new_topic(broker, 1)
+    produce(broker, topic, 5, 1)
+    checkpoint = {topic: {"0": 900}}
+    unconfirmed = reader(broker, topic, **HELD_FETCHES)
+    with caplog.at_level(logging.WARNING, logger="streaming.kafka_source"):
+        assert unconfirmed.latestOffset(checkpoint, ReadAllAvailable()) == checkpoint
+    # The end it reports: 5, or less from a broker that under-reports (tansu).
+    assert re.search(
+        rf"{topic}-0: the broker reports the log ending at [1-5], below 900; its records did "
+        "not answer in time",
+        caplog.text,
+    ), caplog.text
+    unconfirmed.stop()
+    confirmed = reader(broker, topic)
+    with pytest.raises(DataLossError, match=rf"{topic}-0: the next offset to read is 900 but"):
+        confirmed.latestOffset(checkpoint, ReadAllAvailable())
+    confirmed.stop()
+
+
+def test_a_partition_missing_from_the_metadata_is_gone_only_at_two_triggers_in_a_row(
+    broker: LocalService, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broker restarting may lack a partition in its metadata for a moment: missing at one
+    trigger is not a loss, missing at the next one is. A trigger that finds the broker
+    unreachable says nothing about which partitions exist, so it breaks the row."""
+    topic = new_topic(broker, 2)
+    produce(broker, topic, 20, 2)
+    source = reader(broker, topic, **{"kafkaConsumer.pollTimeoutMs": "300"})
+    # The checkpoint has a partition 2 that the broker's metadata does not.
+    checkpoint = {topic: {"0": 4, "1": 4, "2": 7}}
+    with caplog.at_level(logging.WARNING, logger="streaming.kafka_source"):
+        first = source.latestOffset(checkpoint, ReadAllAvailable())
+    assert first == {topic: {"0": 10, "1": 10, "2": 7}}
+    assert f"{topic}-2 is not in the broker's metadata; checking again" in caplog.text
+    broker.pause()
+    try:
+        assert source.latestOffset(first, ReadAllAvailable()) == first
+    finally:
+        broker.resume()
+    assert source.latestOffset(first, ReadAllAvailable()) == first
+    with pytest.raises(
+        DataLossError, match=rf"{topic}-2: the partition is gone \(the next offset to read was 7\)"
+    ):
+        source.latestOffset(first, ReadAllAvailable())
     source.stop()
 
 
