@@ -255,10 +255,11 @@ def scale(
     per_message: int,
     *,
     shards: int = SHARDS,
+    topic: str | None = None,
 ) -> dict[str, Any]:
     """How a batch's cost and the state grow with the clients held, and where a batch's time
     goes (each piece once more in one process, on the same events)."""
-    topic = f"scale-{clients}-{shards}"
+    topic = topic or f"scale-{clients}-{shards}"
     create_topic(kafka, topic)
     now = int(time.time() * 1000)
     batch_events, batches = 100_000, 5
@@ -296,9 +297,10 @@ def running_query(spark: Any, kafka: LocalService, redis_server: LocalService, t
     return start_query(spark, settings(kafka, redis_server, topic), CONFIG)
 
 
-def fixed_cost(spark: Any, kafka: LocalService, redis_server: LocalService) -> dict[str, Any]:
+def fixed_cost(
+    spark: Any, kafka: LocalService, redis_server: LocalService, topic: str = "tiny"
+) -> dict[str, Any]:
     """Micro-batches of 4 events each on a running (warm) query."""
-    topic = "tiny"
     query = running_query(spark, kafka, redis_server, topic)
     traffic = Traffic(seed=5, clients=100)
     durations: list[int] = []
