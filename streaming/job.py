@@ -136,17 +136,7 @@ def start_query(
             kafka.client_settings(),
             max_outage_s=kafka.max_outage_s,
         )
-    stage = StageSettings(
-        config=config,
-        bounds=settings.events.bounds(None),
-        max_payload_bytes=settings.events.max_payload_bytes,
-        shards=settings.spark.shards,
-        max_past_ms=settings.events.max_past_ms,
-        max_future_ms=settings.events.max_future_ms,
-        timer_tick_ms=settings.timers.tick_ms,
-        timer_wheel_size=settings.timers.wheel_size,
-        live_configs=live_configs,
-    )
+    stage = StageSettings.of(settings, config, live_configs)
     # Shards wake up for their throttle timers in batches without data; a run that stops when
     # the input is read (available-now) must not wait for timers, so it runs none.
     spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", str(not available_now).lower())

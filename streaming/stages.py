@@ -36,6 +36,7 @@ from state.quota_types import QuotaType
 from state.remote_log import LINEAGE
 from state.shard import USAGE_COLUMNS, Shard, ShardSettings, ShardState, timer_counts
 from state.timing_wheel import KAFKA_TICK_MS, KAFKA_WHEEL_SIZE
+from streaming.settings import EngineSettings
 
 USAGE = "usage"
 REJECT = "reject"
@@ -90,6 +91,23 @@ class StageSettings:
     timer_wheel_size: int = KAFKA_WHEEL_SIZE
     #: Where later versions of the configuration are (None: ``config`` is the only version).
     live_configs: ConfigVersions | None = None
+
+    @staticmethod
+    def of(
+        settings: EngineSettings, config: QuotaConfig, live_configs: ConfigVersions | None = None
+    ) -> StageSettings:
+        """What the engine's query stages with: the engine settings' bounds, shards and timers."""
+        return StageSettings(
+            config=config,
+            bounds=settings.events.bounds(None),
+            max_payload_bytes=settings.events.max_payload_bytes,
+            shards=settings.spark.shards,
+            max_past_ms=settings.events.max_past_ms,
+            max_future_ms=settings.events.max_future_ms,
+            timer_tick_ms=settings.timers.tick_ms,
+            timer_wheel_size=settings.timers.wheel_size,
+            live_configs=live_configs,
+        )
 
     def live(self, version: int) -> LiveConfig:
         """The configuration a batch pinned; ``config`` (version 0) is the YAML file."""

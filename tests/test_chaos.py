@@ -182,16 +182,7 @@ class UnkilledRun:
         records: dict[tuple[int, int], bytes],
     ) -> None:
         # As the engine's query builds them (streaming/job.py start_query), one configuration.
-        self.stage = StageSettings(
-            config=config,
-            bounds=settings.events.bounds(None),
-            max_payload_bytes=settings.events.max_payload_bytes,
-            shards=settings.spark.shards,
-            max_past_ms=settings.events.max_past_ms,
-            max_future_ms=settings.events.max_future_ms,
-            timer_tick_ms=settings.timers.tick_ms,
-            timer_wheel_size=settings.timers.wheel_size,
-        )
+        self.stage = StageSettings.of(settings, config)
         self.prefix = settings.redis.key_prefix
         self.topic = topic
         #: The topic's records by (partition, offset).

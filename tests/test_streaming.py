@@ -459,9 +459,16 @@ def test_ten_thousand_malformed_messages_go_to_the_dead_letter_and_valid_ones_ar
         assert got_value["throttle_ms"] == want["throttle_ms"]
 
 
-#: A produce window that holds every event of an outage test: the decision's rate times its
-#: window is then every byte the engine counted (Kafka's Rate: 2 samples of 10 minutes).
-WHOLE_TEST_WINDOW = {"produce": {"samples": 2, "window_ms": 600_000}}
+#: A produce window that holds every event of an outage test (Kafka's Rate: 2 samples of 10
+#: minutes): the decision's rate times its window is then every byte the engine counted. alice is
+#: throttled after 6 kB.
+WHOLE_TEST_CONFIG = parse_quota_config(
+    {
+        "quota_types": {"produce": {"samples": 2, "window_ms": 600_000}},
+        "clients": [{"user": "alice", "producer_byte_rate": 10}],
+    },
+    "test config",
+)
 
 
 def counted_bytes(decision: Decision) -> int:
@@ -484,13 +491,7 @@ def test_a_redis_outage_stalls_the_query_and_every_event_is_decided_after_it(
 ) -> None:
     topic = f"outage-{uuid.uuid4().hex[:8]}"
     publish(kafka, topic, [], partitions=1)
-    config = parse_quota_config(
-        {
-            "quota_types": WHOLE_TEST_WINDOW,
-            "clients": [{"user": "alice", "producer_byte_rate": 10}],
-        },
-        "test config",
-    )
+    config = WHOLE_TEST_CONFIG
     own_redis = start_redis()
     port = own_redis.port
     settings = engine_settings(kafka, own_redis, tmp_path, topic, shuffle_partitions=1)
@@ -553,13 +554,7 @@ def test_a_redis_outage_past_max_outage_fails_the_query_and_a_restart_resumes_ex
 ) -> None:
     topic = f"outage-exit-{uuid.uuid4().hex[:8]}"
     publish(kafka, topic, [], partitions=1)
-    config = parse_quota_config(
-        {
-            "quota_types": WHOLE_TEST_WINDOW,
-            "clients": [{"user": "alice", "producer_byte_rate": 10}],
-        },
-        "test config",
-    )
+    config = WHOLE_TEST_CONFIG
     own_redis = start_redis()
     port = own_redis.port
     settings = engine_settings(kafka, own_redis, tmp_path, topic, shuffle_partitions=1)
