@@ -44,8 +44,8 @@ from results import record  # bench/ is on sys.path when a script in it runs
 
 from quotastream.client import decision_keys
 from state.config import parse_quota_config
+from state.core import QuotaCore
 from state.events import EventBounds
-from state.shard import Shard
 from streaming.job import local_spark, start_query
 from streaming.kafka_source import KafkaStreamReader
 from streaming.offsets import SourceOptions, records_read
@@ -465,7 +465,7 @@ def piece_costs(
     began = time.perf_counter()
     for state in states.values():
         if state is not None:
-            Shard.restore(state, stage.shard, now).core.encode_state()
+            QuotaCore.restore(CONFIG, state.tables, touched={}).encode_state()
     timings["state_restore_encode"] = time.perf_counter() - began
     began = time.perf_counter()
     list(write_batches(iter(decisions), SinkSettings.local(redis_server.host, redis_server.port)))

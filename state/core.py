@@ -16,6 +16,7 @@ and the usage counter (entity) of every event, records the bytes in that type's
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,7 @@ from state.copy_fairness import (
     partition_keys,
     partition_wait_ms,
 )
-from state.encoding import StateDecodeError, decode_tables, encode_tables
+from state.encoding import KeptRows, StateDecodeError, StoredTables, encode_tables
 from state.entities import broker_keys, client_keys
 from state.events import KIND_DTYPE, ROLE_DTYPE, EventKind
 from state.quota_types import CLIENT_QUOTA_TYPES, WINDOW_RULE, QuotaType
@@ -154,6 +155,8 @@ class QuotaCore:
             if copy_partitions is not None
             else RollingTable(_window_spec(config, QuotaType.REMOTE_COPY))
         )
+        #: What a partial :meth:`restore` left encoded.
+        self._unloaded: _Unloaded | None = None
 
     @staticmethod
     def empty_tables(config: QuotaConfig) -> dict[QuotaType, RollingTable]:
@@ -162,22 +165,56 @@ class QuotaCore:
         }
 
     @classmethod
-    def restore(cls, config: QuotaConfig, state: bytes) -> QuotaCore:
-        """A core resuming from :meth:`encode_state`'s bytes."""
-        stored = decode_tables(state)
-        tables = cls.empty_tables(config)
-        for quota_type, empty in tables.items():
-            tables[quota_type] = _stored(stored, quota_type.value, empty)
+    def restore(
+        cls,
+        config: QuotaConfig,
+        state: bytes,
+        touched: Mapping[QuotaType, npt.ArrayLike] | None = None,
+    ) -> QuotaCore:
+        """A core resuming from :meth:`encode_state`'s bytes.
+
+        With ``touched`` (entities per quota type), only their windows are decoded, and every
+        per-partition copy window (as many as the partitions uploading, not the clients); the
+        other entities stay encoded, :meth:`encode_state` copies them through and
+        :meth:`evict_idle` drops them by their clocks. Such a core records the touched entities
+        only: a micro-batch then costs what it touches, not what the shard holds.
+        """
+        stored = StoredTables.decode(state)
+        kept = np.ones(len(stored.clock), dtype=np.bool_)
+        loaded: dict[QuotaType, pd.Index] = {}
+        tables: dict[QuotaType, RollingTable] = {}
+        for quota_type in QuotaType:
+            name = quota_type.value
+            if touched is None:
+                rows = stored.rows(name)
+            else:
+                loaded[quota_type] = pd.Index(
+                    pd.unique(np.asarray(touched.get(quota_type, []), dtype=object))
+                )
+                rows = stored.rows_of(name, loaded[quota_type].to_numpy())
+                rows = rows[rows >= 0]
+            kept[rows] = False
+            tables[quota_type] = _stored(stored, name, rows, _window_spec(config, quota_type))
         # State kept before the per-partition table existed restores with an empty one.
+        rows = stored.rows(PARTITION_TABLE)
+        kept[rows] = False
         copy_partitions = _stored(
-            stored, PARTITION_TABLE, RollingTable(_window_spec(config, QuotaType.REMOTE_COPY))
+            stored, PARTITION_TABLE, rows, _window_spec(config, QuotaType.REMOTE_COPY)
         )
-        return cls(config, tables, copy_partitions)
+        core = cls(config, tables, copy_partitions)
+        if touched is not None:
+            core._unloaded = _Unloaded(stored, kept, loaded)
+        return core
 
     def encode_state(self) -> bytes:
-        """Every table of this core as one compact blob (for one state store value)."""
+        """Every table of this core as one compact blob (for one state store value), with the
+        entities a partial :meth:`restore` left encoded."""
         named = {quota_type.value: table for quota_type, table in self.tables.items()}
-        return encode_tables({**named, PARTITION_TABLE: self.copy_partitions})
+        unloaded = self._unloaded
+        kept = (
+            None if unloaded is None else KeptRows(unloaded.stored, np.flatnonzero(unloaded.kept))
+        )
+        return encode_tables({**named, PARTITION_TABLE: self.copy_partitions}, kept=kept)
 
     def decide(self, events: pd.DataFrame) -> pd.DataFrame:
         """Record ``events`` (input order) and return one decision per event, same order."""
@@ -291,6 +328,8 @@ class QuotaCore:
             if not len(rows):
                 continue
             of_event, distinct = pd.factorize(entity_codes[rows])
+            if self._unloaded is not None:
+                self._unloaded.check_loaded(quota_type, entity_names[distinct])
             measured = self.tables[quota_type].record_and_measure(
                 entity_names[distinct], of_event.astype(np.int64), ts[rows], counted[rows]
             )
@@ -313,7 +352,10 @@ class QuotaCore:
     def evict_idle(self, horizon_ms: int) -> int:
         """Forget entities whose windows are empty at ``horizon_ms``; returns how many."""
         tables = [*self.tables.values(), self.copy_partitions]
-        return sum(table.evict_idle(horizon_ms) for table in tables)
+        dropped = sum(table.evict_idle(horizon_ms) for table in tables)
+        if self._unloaded is not None:
+            dropped += self._unloaded.evict_idle(horizon_ms)
+        return dropped
 
     # ------------------------------------------------------------------ internals
     def _partition_wait(
@@ -476,18 +518,48 @@ def _window_spec(config: QuotaConfig, quota_type: QuotaType) -> WindowSpec:
     )
 
 
-def _stored(stored: dict[str, RollingTable], name: str, empty: RollingTable) -> RollingTable:
-    """The decoded table ``name``, or ``empty`` if the state has none; refuses other windows."""
-    table = stored.get(name)
-    if table is None:
-        return empty
-    if table.spec != empty.spec:
+def _stored(stored: StoredTables, name: str, rows: Int64Array, spec: WindowSpec) -> RollingTable:
+    """The ``rows`` of stored table ``name``, or an empty table if the state has none; refuses
+    other windows."""
+    kept_spec = stored.specs.get(name)
+    if kept_spec is None:
+        return RollingTable(spec)
+    if kept_spec != spec:
         raise StateDecodeError(
-            f"{name} state was kept with {table.spec.samples} samples of "
-            f"{table.spec.window_ms} ms, the configuration says {empty.spec.samples} of "
-            f"{empty.spec.window_ms} ms"
+            f"{name} state was kept with {kept_spec.samples} samples of "
+            f"{kept_spec.window_ms} ms, the configuration says {spec.samples} of "
+            f"{spec.window_ms} ms"
         )
-    return table
+    return stored.table(name, rows)
+
+
+@dataclass
+class _Unloaded:
+    """The stored entities a partial :meth:`QuotaCore.restore` did not decode."""
+
+    stored: StoredTables
+    kept: BoolArray  # per stored row: still held (not loaded, not evicted)
+    loaded: dict[QuotaType, pd.Index]  # the entities decoded: the only ones recording may touch
+
+    def check_loaded(self, quota_type: QuotaType, entities: ObjectArray) -> None:
+        unknown = self.loaded[quota_type].get_indexer(pd.Index(entities, dtype=object)) < 0
+        if unknown.any():
+            raise ValueError(
+                f"{quota_type.value} entities not restored for recording: "
+                f"{entities[unknown][:3].tolist()}"
+            )
+
+    def evict_idle(self, horizon_ms: int) -> int:
+        """As :meth:`RollingTable.evict_idle`, by the stored clocks."""
+        dropped = 0
+        for name, spec in self.stored.specs.items():
+            rows = self.stored.rows(name)
+            idle = self.kept[rows] & (
+                self.stored.clock[rows] <= horizon_ms - spec.samples * spec.window_ms
+            )
+            self.kept[rows[idle]] = False
+            dropped += int(np.count_nonzero(idle))
+        return dropped
 
 
 def _quota_codes(kinds: pd.Series, roles: pd.Series) -> Int64Array:

@@ -28,6 +28,7 @@ import pandas as pd
 from state.config import QuotaConfig
 from state.core import QuotaCore
 from state.live_config import Mode
+from state.quota_types import QuotaType
 from state.remote_log import EVENT_COLUMNS, RemoteLogSizes
 from state.throttle_timers import ThrottleTimers, TimerStats
 from state.timing_wheel import KAFKA_TICK_MS, KAFKA_WHEEL_SIZE
@@ -98,8 +99,12 @@ class ShardStep:
 class Shard:
     """A shard's state, restored for one step."""
 
-    def __init__(self, core: QuotaCore, timers: ThrottleTimers, remote_log: bytes) -> None:
-        self.core = core
+    def __init__(
+        self, config: QuotaConfig, tables: bytes | None, timers: ThrottleTimers, remote_log: bytes
+    ) -> None:
+        self.config = config
+        #: Kept encoded: a step decodes only the entities its usage touches.
+        self._tables = tables
         self.timers = timers
         #: Kept encoded: decoded only by a batch that brings segment events (most bring none).
         self._remote_log = remote_log
@@ -109,11 +114,9 @@ class Shard:
         """The shard ``state`` holds, or a new one (its timing wheel starting at ``now_ms``)."""
         if state is None:
             timers = ThrottleTimers.empty(settings.timer_tick_ms, settings.timer_wheel_size, now_ms)
-            return cls(QuotaCore(settings.config), timers, RemoteLogSizes().encode())
+            return cls(settings.config, None, timers, RemoteLogSizes().encode())
         return cls(
-            QuotaCore.restore(settings.config, state.tables),
-            ThrottleTimers.decode(state.timers),
-            state.remote_log,
+            settings.config, state.tables, ThrottleTimers.decode(state.timers), state.remote_log
         )
 
     def step(
@@ -132,48 +135,58 @@ class Shard:
             if eviction_horizon_ms is not None:
                 sizes.evict_tombstones(eviction_horizon_ms)
             self._remote_log = sizes.encode()
-        decisions = self.record(usage)
+        core = self._core_for(usage)
+        decisions = latest_decisions(core, usage)
         decisions["enforced"] = decisions["mode"] == Mode.ENFORCED.value
         keys = pd.Index((decisions["quota"] + ":" + decisions["entity"]).to_numpy(dtype=object))
         changed = self.timers.step(now_ms, decisions.set_index(keys)).reset_index(drop=True)
         if eviction_horizon_ms is not None:
-            self.core.evict_idle(eviction_horizon_ms)
+            core.evict_idle(eviction_horizon_ms)
+        self._tables = core.encode_state()
         return ShardStep(
-            state=ShardState(self.core.encode_state(), self.timers.encode(), self._remote_log),
+            state=ShardState(self._tables, self.timers.encode(), self._remote_log),
             decisions=changed,
             timers=self.timers.stats(),
             remote_logs=remote_logs,
             wake_at_ms=self.timers.next_expiration(),
         )
 
-    def record(self, usage: pd.DataFrame) -> pd.DataFrame:
-        """Each touched entity's latest decision (:data:`DECISION_FIELDS`) after ``usage``."""
-        if not len(usage):
-            return pd.DataFrame(
-                {
-                    name: pd.Series(dtype=_EMPTY_DTYPES.get(name, np.int64))
-                    for name in DECISION_FIELDS
-                }
-            )
-        usage = usage.sort_values("ts", kind="stable")
-        decided = self.core.record(usage.reset_index(drop=True))
-        decided = decided.assign(
-            quota=decided["quota"].astype(str),
-            entity=decided["entity"].astype(str),
-            config_version=usage["config_version"].to_numpy(dtype=np.int64),
-            mode=usage["mode"].to_numpy(dtype=object),
+    def _core_for(self, usage: pd.DataFrame) -> QuotaCore:
+        """The windows of the entities ``usage`` touches; the others stay encoded."""
+        if self._tables is None:
+            return QuotaCore(self.config)
+        quota = usage["quota"].astype(str).to_numpy()
+        entity = usage["entity"].astype(str).to_numpy(dtype=object)
+        touched = {QuotaType(name): entity[quota == name] for name in np.unique(quota).tolist()}
+        return QuotaCore.restore(self.config, self._tables, touched)
+
+
+def latest_decisions(core: QuotaCore, usage: pd.DataFrame) -> pd.DataFrame:
+    """Each touched entity's latest decision (:data:`DECISION_FIELDS`) after ``core`` records
+    ``usage``."""
+    if not len(usage):
+        return pd.DataFrame(
+            {name: pd.Series(dtype=_EMPTY_DTYPES.get(name, np.int64)) for name in DECISION_FIELDS}
         )
-        # A remote_copy decision is also published per partition: its fair wait
-        # (docs/semantics.md).
-        copies = decided[decided["partition_key"].notna()]
-        if len(copies):
-            per_partition = copies.assign(
-                entity=copies["partition_key"].astype(str), throttle_ms=copies["partition_wait_ms"]
-            )
-            decided = pd.concat([decided, per_partition])
-        latest = decided.drop_duplicates(["quota", "entity"], keep="last")
-        latest = latest.assign(until=latest["ts"] + latest["throttle_ms"])
-        return latest[list(DECISION_FIELDS)].reset_index(drop=True)
+    usage = usage.sort_values("ts", kind="stable")
+    decided = core.record(usage.reset_index(drop=True))
+    decided = decided.assign(
+        quota=decided["quota"].astype(str),
+        entity=decided["entity"].astype(str),
+        config_version=usage["config_version"].to_numpy(dtype=np.int64),
+        mode=usage["mode"].to_numpy(dtype=object),
+    )
+    # A remote_copy decision is also published per partition: its fair wait
+    # (docs/semantics.md).
+    copies = decided[decided["partition_key"].notna()]
+    if len(copies):
+        per_partition = copies.assign(
+            entity=copies["partition_key"].astype(str), throttle_ms=copies["partition_wait_ms"]
+        )
+        decided = pd.concat([decided, per_partition])
+    latest = decided.drop_duplicates(["quota", "entity"], keep="last")
+    latest = latest.assign(until=latest["ts"] + latest["throttle_ms"])
+    return latest[list(DECISION_FIELDS)].reset_index(drop=True)
 
 
 _EMPTY_DTYPES: dict[str, Any] = {
