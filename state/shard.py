@@ -10,7 +10,11 @@ and the remote log sizes of its partitions (:class:`~state.remote_log.RemoteLogS
 records the usage sums in the windows, registers the new decisions' timers, applies segment
 events, and forgets entities idle past the eviction horizon. The batch time is the checkpoint's,
 so a replayed batch repeats the same releases. Nothing here knows Spark: the streaming job only
-converts Arrow rows to the frames below and back.
+converts Arrow rows to the frames below and back. ``replay`` and ``--what-if`` drive a shard too,
+through :meth:`Shard.decide`: the same windows, decided event by event.
+
+The windows stay encoded between batches: a batch decodes only the entities it touches and copies
+the others through (``state/encoding.py``), so its cost follows its work, not the shard's size.
 
 Usage rows (:data:`USAGE_COLUMNS`) are events already summed per (quota, entity, partition key,
 sample); summing is exact (``tests/test_rolling.py``), so a shard's decisions are those of the
@@ -97,7 +101,7 @@ class ShardStep:
 
 
 class Shard:
-    """A shard's state, restored for one step."""
+    """A shard's state: restored for one :meth:`step`, or kept across :meth:`decide` calls."""
 
     def __init__(
         self, config: QuotaConfig, tables: bytes | None, timers: ThrottleTimers, remote_log: bytes
@@ -108,6 +112,11 @@ class Shard:
         self.timers = timers
         #: Kept encoded: decoded only by a batch that brings segment events (most bring none).
         self._remote_log = remote_log
+
+    @classmethod
+    def new(cls, config: QuotaConfig) -> Shard:
+        """An empty shard for :meth:`decide` (its timing wheel is not used there)."""
+        return cls.restore(None, ShardSettings(config), 0)
 
     @classmethod
     def restore(cls, state: ShardState | None, settings: ShardSettings, now_ms: int) -> Shard:
@@ -150,6 +159,15 @@ class Shard:
             remote_logs=remote_logs,
             wake_at_ms=self.timers.next_expiration(),
         )
+
+    def decide(self, events: pd.DataFrame) -> pd.DataFrame:
+        """Each accepted event's decision (:meth:`QuotaCore.decide`), in input order: what replay
+        and what-if report event by event, where the engine publishes each entity's latest."""
+        resolved = QuotaCore(self.config).resolve(events)
+        core = self._core_for(resolved[resolved["quota"].notna()])
+        decisions = core.record(resolved)
+        self._tables = core.encode_state()
+        return decisions
 
     def _core_for(self, usage: pd.DataFrame) -> QuotaCore:
         """The windows of the entities ``usage`` touches; the others stay encoded."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from state.config import load_quota_config
 from state.configfile import ConfigError
-from state.core import QuotaCore
+from state.shard import Shard
 from streaming.admin import ADMIN_COMMANDS, add_admin_commands, run_admin
 from streaming.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 from streaming.help_text import examples
@@ -232,7 +232,7 @@ def _replay(args: argparse.Namespace) -> int:
                 if alternatives
                 else replay(
                     events,
-                    core=QuotaCore(config),
+                    shard=Shard.new(config),
                     decisions_out=sys.stdout,
                     dead_letter_out=dead_letter,
                     bounds=settings.events.bounds(args.now),

@@ -1,8 +1,9 @@
 """``quotastream replay``: the core over a file of events, one decision line per accepted event.
 
 The file is read in batches of lines; each batch goes through the same validator and the same
-:class:`~state.core.QuotaCore` the streaming job uses. Decisions do not depend on the batch size
-(tests check this), so it only bounds memory.
+:class:`~state.shard.Shard` the streaming job steps (one shard holds every entity here), decided
+event by event. Decisions do not depend on the batch size (tests check this), so it only bounds
+memory.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from state.core import COMMON_COLUMNS, QUOTA_COLUMNS, QuotaCore
+from state.core import COMMON_COLUMNS, QUOTA_COLUMNS
 from state.events import EventBounds, dead_letter_record, parse_events
 from state.quota_types import QuotaType
+from state.shard import Shard
 
 #: Every line starts with ``line`` (1-based input line number); replication lines also say which
 #: replica the decision is about.
@@ -45,7 +47,7 @@ class ReplayStats:
 def replay(
     events: BinaryIO,
     *,
-    core: QuotaCore,
+    shard: Shard,
     decisions_out: TextIO,
     dead_letter_out: TextIO,
     bounds: EventBounds,
@@ -61,7 +63,7 @@ def replay(
         max_payload_bytes=max_payload_bytes,
         batch_lines=batch_lines,
     ):
-        decisions = core.decide(accepted)
+        decisions = shard.decide(accepted)
         decisions["line"] = decisions["position"] + first_line
         for column in ("topic", "partition", "replica"):
             decisions[column] = accepted[column].to_numpy()

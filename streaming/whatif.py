@@ -1,6 +1,6 @@
 """``quotastream replay --what-if``: the same traffic under several quota configurations.
 
-Every configuration gets its own :class:`~state.core.QuotaCore`, and each validated batch of
+Every configuration gets its own :class:`~state.shard.Shard`, and each validated batch of
 events goes through all of them. A batch's decisions are reduced at once to per-counter aggregates
 (events, throttled events, max throttle, limit, max rate/limit) and to throttled periods, merged
 into running totals and dropped, so memory grows with the number of usage counters and the
@@ -42,8 +42,8 @@ import numpy.typing as npt
 import pandas as pd
 
 from state.config import QuotaConfig
-from state.core import QuotaCore
 from state.events import EventBounds
+from state.shard import Shard
 from state.throttled_time import Int64Array, Intervals, covered_ms, merge, release_ends
 from streaming.replay import ReplayStats, accepted_batches
 
@@ -195,9 +195,9 @@ def compare(batches: Iterable[pd.DataFrame], configs: Mapping[str, QuotaConfig])
     throttled time under the configuration that throttles the counter longest, then by max
     utilisation under any configuration, then by name: most throttled first.
     """
-    cores = {name: QuotaCore(config) for name, config in configs.items()}
-    totals = dict.fromkeys(cores, _no_counters())
-    throttles = {name: _ThrottledPeriods() for name in cores}
+    shards = {name: Shard.new(config) for name, config in configs.items()}
+    totals = dict.fromkeys(shards, _no_counters())
+    throttles = {name: _ThrottledPeriods() for name in shards}
     first: int | None = None
     last: int | None = None
     for events in batches:
@@ -206,18 +206,18 @@ def compare(batches: Iterable[pd.DataFrame], configs: Mapping[str, QuotaConfig])
         ts = events["ts"].to_numpy()
         first = int(ts.min()) if first is None else min(first, int(ts.min()))
         last = int(ts.max()) if last is None else max(last, int(ts.max()))
-        for name, core in cores.items():
-            decisions = core.decide(events)
+        for name, shard in shards.items():
+            decisions = shard.decide(events)
             # Decisions without a quota (remote_segment events) have no counter to report.
             measured = decisions[decisions["quota"].notna()]
             totals[name] = _reduce(pd.concat([totals[name], _one_each(measured)]))
             throttles[name].add(measured)
     span = None if first is None or last is None else (first, last)
-    periods = {name: throttles[name].finish() for name in cores}
-    for name in cores:
+    periods = {name: throttles[name].finish() for name in shards}
+    for name in shards:
         totals[name] = _with_throttled_time(totals[name], periods[name], span)
     table = pd.concat(totals, axis=1, names=["config", "metric"])
-    table = table.astype({(name, metric): "Int64" for name in cores for metric in _INTEGERS})
+    table = table.astype({(name, metric): "Int64" for name in shards for metric in _INTEGERS})
     return Comparison(
         _ranked(table), span, pd.concat(periods, names=["config"]).reset_index(level="config")
     )
@@ -310,10 +310,10 @@ def trace(
         first, last = span
         width = max(1, -(-(last - first + 1) // points))
         wanted = pd.MultiIndex.from_tuples(counters, names=_COUNTER)
-        cores = {name: QuotaCore(config) for name, config in configs.items()}
+        shards = {name: Shard.new(config) for name, config in configs.items()}
         for events in batches:
-            for name, core in cores.items():
-                decisions = core.decide(events)
+            for name, shard in shards.items():
+                decisions = shard.decide(events)
                 counter = pd.MultiIndex.from_arrays(
                     [decisions[c].astype(object) for c in _COUNTER], names=_COUNTER
                 )
