@@ -1,26 +1,23 @@
 """Compact encoding of rolling tables, read and rewritten one touched entity at a time.
 
 A state shard holds one :class:`~state.rolling.RollingTable` per quota type; all of them encode
-into one blob (one value in a state store). Each entity is one row: its table, a 64-bit hash of
-its key, its key, its clock and, per *held* ring slot, the slot's age in samples behind the
-clock's sample, its bytes and its last event time as an offset into the sample. Rows are sorted
-by (table, key hash, key) and expired slots are left out, so equal windows always encode to
-equal bytes.
+into one blob (one value in a state store). Each entity is one row: its table, its key, its clock
+and, per *held* ring slot, the slot's age in samples behind the clock's sample, its bytes and its
+last event time as an offset into the sample. Rows are in each table's insertion order (the order
+entities were first seen) and expired slots are left out, so equal windows recorded from equal
+events always encode to equal bytes.
 
 Why this shape: a micro-batch touches a small part of a large shard. :class:`StoredTables` finds
-the touched entities by a binary search over the hash column (their keys are compared to rule out
-hash collisions) and decodes only those rows into a working :class:`~state.rolling.RollingTable`;
-:func:`encode_tables` then copies every other row as Arrow data (no Python object per entity) and
-merges the working rows back in key-hash order. What a batch costs beyond its touched entities is
-a decompress, a copy and a compress of the blob (``docs/streaming.md`` measures it).
-
-The key hash is pandas' SipHash-2-4 of the UTF-8 key with pandas' fixed key. Its value for a fixed
-probe is kept with the data: if a later pandas hashed differently, the stored hashes are
-recomputed on decode rather than trusted.
+the touched entities with one Arrow hash lookup over the key column (C++, a few ms for 100k keys)
+and decodes only those rows into a working :class:`~state.rolling.RollingTable`;
+:func:`encode_tables` then copies every other row as Arrow data (no Python object per entity),
+each loaded row written back in its place and new entities after them. What a batch costs beyond
+its touched entities is a decompress, a lookup, a copy and a compress of the blob
+(``docs/streaming.md`` measures it).
 
 Formats 2 (before Kafka 3.8's purge rule: ``samples`` slots, no last event times, read with each
-sample's last event at its start) and 3 (every slot stored, in insertion order) are read too; a
-state in either is rewritten in format 4 by the first batch that writes it.
+sample's last event at its start) and 3 (every slot stored) are read too; a state in either is
+rewritten in format 4 by the first batch that writes it.
 """
 
 from __future__ import annotations
@@ -34,12 +31,12 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from state.quota_types import WindowRule
 from state.rolling import EMPTY, RollingTable, WindowSpec
 
 Int64Array = npt.NDArray[np.int64]
-UInt64Array = npt.NDArray[np.uint64]
 BoolArray = npt.NDArray[np.bool_]
 ObjectArray = npt.NDArray[np.object_]
 
@@ -47,41 +44,32 @@ FORMAT_VERSION = b"4"
 _LEGACY_VERSIONS = (b"2", b"3")
 Compression = Literal["zstd", "lz4"] | None
 #: The blob is decompressed and compressed whole every batch. With 125k clients in a shard, zstd
-#: packs 22 bytes per client in ~10 ms and unpacks in ~5 ms; lz4 30 bytes in ~7 and ~1.5 ms
+#: packs them in ~10 ms and unpacks in ~5 ms; lz4 takes ~7 and ~1.5 ms for a third more bytes
 #: (docs/streaming.md): the state is held in memory, several versions of it, so zstd.
 DEFAULT_COMPRESSION: Compression = "zstd"
 
 _SCHEMA = pa.schema(
     [
         ("table", pa.int8()),  # index into the metadata's table names
-        ("key_hash", pa.uint64()),
         ("key", pa.string()),
         ("clock", pa.int64()),
-        # Held slots only, oldest sample last: samples behind the clock's sample, ...
+        # Held slots only: samples behind the clock's sample, ...
         ("age", pa.list_(pa.int16())),
         ("bytes", pa.list_(pa.int64())),
         ("last", pa.list_(pa.int32())),  # last event - sample start, ms
     ]
 )
-_HASH_PROBE = "quotastream"
+_KEY, _CLOCK, _AGE, _BYTES, _LAST = 1, 2, 3, 4, 5
 
 
 class StateDecodeError(ValueError):
     """Bytes that are not encoded rolling tables of a version this code reads."""
 
 
-def key_hashes(keys: ObjectArray) -> UInt64Array:
-    """The 64-bit hash rows are sorted and found by."""
-    hashes: UInt64Array = pd.util.hash_array(np.asarray(keys, dtype=object), categorize=False)
-    return hashes
-
-
-_PROBE_HASH = str(int(key_hashes(np.array([_HASH_PROBE], dtype=object))[0])).encode()
-
-
 @dataclass(frozen=True)
 class KeptRows:
-    """Rows of stored tables copied unchanged into a new encoding (:func:`encode_tables`)."""
+    """Rows of a stored encoding that :func:`encode_tables` copies unchanged (the working tables
+    it encodes beside them were loaded from the same encoding)."""
 
     stored: StoredTables
     rows: Int64Array  # ascending row numbers of ``stored``
@@ -94,46 +82,29 @@ def encode_tables(
 ) -> bytes:
     """``tables``, and the ``kept`` rows of a stored encoding besides them, as one blob.
 
-    A kept row's table must be one of ``tables`` with the same window, and its key must not be
-    in that table (the working table replaces the rows it loaded)."""
+    With ``kept``, each table's rows come in the stored order: a kept row as stored, a row the
+    working table loaded from the stored one in its place, and the working table's new entities
+    after them. A kept row's table must be one of ``tables`` with the same window."""
     names = list(tables)
     fresh = [_Rows.of(table) for table in tables.values()]
-    fresh_table = np.repeat(np.arange(len(names), dtype=np.int8), [len(r.keys) for r in fresh])
-    fresh_keys = np.concatenate([np.zeros(0, dtype=object), *(r.keys for r in fresh)])
-    fresh_hash = key_hashes(fresh_keys)
-    counts = _concat([r.count for r in fresh], np.int64)
+    sizes = [len(rows.keys) for rows in fresh]
+    counts = _concat([rows.count for rows in fresh], np.int64)
     offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
     batch = pa.record_batch(
         [
-            pa.array(fresh_table, pa.int8()),
-            pa.array(fresh_hash, pa.uint64()),
-            pa.array(fresh_keys, pa.string()),
-            pa.array(_concat([r.clock for r in fresh], np.int64)),
-            pa.ListArray.from_arrays(offsets, _concat([r.age for r in fresh], np.int16)),
-            pa.ListArray.from_arrays(offsets, _concat([r.nbytes for r in fresh], np.int64)),
-            pa.ListArray.from_arrays(offsets, _concat([r.last for r in fresh], np.int32)),
+            pa.array(np.repeat(np.arange(len(names), dtype=np.int8), sizes), pa.int8()),
+            pa.array(_concat([rows.keys for rows in fresh], object), pa.string()),
+            pa.array(_concat([rows.clock for rows in fresh], np.int64)),
+            pa.ListArray.from_arrays(offsets, _concat([rows.age for rows in fresh], np.int16)),
+            pa.ListArray.from_arrays(offsets, _concat([rows.nbytes for rows in fresh], np.int64)),
+            pa.ListArray.from_arrays(offsets, _concat([rows.last for rows in fresh], np.int32)),
         ],
         schema=_SCHEMA,
     )
-    table_code, hashes = fresh_table.astype(np.int64), fresh_hash
-    source = np.arange(len(fresh_keys), dtype=np.int64)  # row of ``batch`` each row comes from
-    if kept is not None and len(kept.rows):
-        stored = kept.stored
-        code_of_stored = np.array([names.index(name) for name in stored.names], np.int8)
-        stored_code = code_of_stored[stored.table_code]
-        copied = stored.batch.replace_schema_metadata(None)
-        if not np.array_equal(stored_code, stored.table_code):
-            copied = copied.set_column(0, "table", pa.array(stored_code, pa.int8()))
-        batch = pa.concat_batches([batch, copied])
-        table_code = np.concatenate([table_code, stored_code[kept.rows].astype(np.int64)])
-        hashes = np.concatenate([hashes, stored.key_hash[kept.rows]])
-        source = np.concatenate([source, len(fresh_keys) + kept.rows])
-    order = source[_canonical_order(table_code, hashes, batch.column(2), source)]
-    if not np.array_equal(order, np.arange(batch.num_rows)):
-        batch = batch.take(pa.array(order))
+    if kept is not None:
+        batch = _merged(batch, names, sizes, kept)
     metadata = {
         b"quotastream.rolling": FORMAT_VERSION,
-        b"key_hash_probe": _PROBE_HASH,
         b"names": json.dumps(names).encode(),
         b"specs": json.dumps(
             {
@@ -159,8 +130,7 @@ class StoredTables:
         self.names = names
         self.specs = specs
         self.table_code: npt.NDArray[np.int8] = batch.column(0).to_numpy()
-        self.key_hash: UInt64Array = batch.column(1).to_numpy()
-        self.clock: Int64Array = batch.column(3).to_numpy()
+        self.clock: Int64Array = batch.column(_CLOCK).to_numpy()
         bounds = np.searchsorted(self.table_code, np.arange(len(names) + 1), "left")
         self._range = {name: (int(bounds[i]), int(bounds[i + 1])) for i, name in enumerate(names)}
 
@@ -173,72 +143,91 @@ class StoredTables:
             raise StateDecodeError(f"not encoded rolling tables: {exc}") from None
         metadata = reader.schema.metadata or {}
         version = metadata.get(b"quotastream.rolling")
+        if version not in (*_LEGACY_VERSIONS, FORMAT_VERSION):
+            raise StateDecodeError(f"unsupported rolling table format {version!r}")
         specs = {
             name: WindowSpec(samples=samples, window_ms=window_ms, rule=WindowRule(rule))
-            for name, (samples, window_ms, rule) in json.loads(
-                metadata.get(b"specs", b"{}")
-            ).items()
+            for name, (samples, window_ms, rule) in json.loads(metadata[b"specs"]).items()
         }
         if version in _LEGACY_VERSIONS:
             return cls.decode(encode_tables(_legacy_tables(whole, version, specs)))
-        if version != FORMAT_VERSION:
-            raise StateDecodeError(f"unsupported rolling table format {version!r}")
-        batch = whole.to_batches()[0] if whole.num_rows else _empty_batch()
-        names = json.loads(metadata[b"names"])
-        stored = cls(batch, names, specs)
-        if metadata.get(b"key_hash_probe") != _PROBE_HASH:
-            # Hashed by another hash function: rehash and re-sort.
-            return cls.decode(
-                encode_tables({name: stored.table(name, stored.rows(name)) for name in names})
-            )
-        return stored
+        batches = whole.to_batches()
+        batch = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=_SCHEMA)
+        return cls(batch, json.loads(metadata[b"names"]), specs)
 
     def rows(self, name: str) -> Int64Array:
         """Every row of table ``name``."""
         start, end = self._range.get(name, (0, 0))
         return np.arange(start, end, dtype=np.int64)
 
-    def rows_of(self, name: str, keys: ObjectArray) -> Int64Array:
+    def rows_of(self, name: str, keys: npt.ArrayLike) -> Int64Array:
         """Each key's row in table ``name``, -1 where it has none."""
-        keys = np.asarray(keys, dtype=object)
-        start, end = self._range.get(name, (0, 0))
-        found = np.full(len(keys), -1, dtype=np.int64)
-        if start == end or not len(keys):
-            return found
-        stored_hash = self.key_hash[start:end]
-        wanted = key_hashes(keys)
-        position = np.searchsorted(stored_hash, wanted, "left")
-        hit = position < len(stored_hash)
-        hit[hit] = stored_hash[position[hit]] == wanted[hit]
-        candidates = np.flatnonzero(hit)
-        stored_keys = self._keys(start + position[candidates])
-        same = stored_keys == keys[candidates]
-        found[candidates[same]] = start + position[candidates[same]]
-        for index in candidates[~same]:
-            # Another key with the same hash comes first: look through the hash's run.
-            run_end = np.searchsorted(stored_hash, wanted[index], "right")
-            run = np.arange(position[index], run_end) + start
-            match = np.flatnonzero(self._keys(run) == keys[index])
-            found[index] = run[match[0]] if len(match) else -1
-        return found
+        return self._rows_of(name, pa.array(np.asarray(keys, dtype=object), pa.string()))
 
     def table(self, name: str, rows: Int64Array) -> RollingTable:
         """A working table of the given rows of table ``name``."""
         rows = np.asarray(rows, dtype=np.int64)
         taken = self.batch.take(pa.array(rows, pa.int64()))
-        ages = taken.column(4)
+        ages = taken.column(_AGE)
         return _Rows(
-            keys=np.asarray(taken.column(2).to_numpy(zero_copy_only=False), dtype=object),
+            keys=np.asarray(taken.column(_KEY).to_numpy(zero_copy_only=False), dtype=object),
             clock=self.clock[rows],
             count=np.diff(ages.offsets.to_numpy()).astype(np.int64),
             age=ages.flatten().to_numpy().astype(np.int64),
-            nbytes=taken.column(5).flatten().to_numpy().astype(np.int64),
-            last=taken.column(6).flatten().to_numpy().astype(np.int64),
+            nbytes=taken.column(_BYTES).flatten().to_numpy().astype(np.int64),
+            last=taken.column(_LAST).flatten().to_numpy().astype(np.int64),
         ).table(self.specs[name])
 
-    def _keys(self, rows: Int64Array) -> ObjectArray:
-        keys = self.batch.column(2).take(pa.array(rows))
-        return np.asarray(keys.to_numpy(zero_copy_only=False), dtype=object)
+    def _rows_of(self, name: str, keys: pa.Array) -> Int64Array:
+        start, end = self._range.get(name, (0, 0))
+        found = np.full(len(keys), -1, dtype=np.int64)
+        if start < end and len(keys):
+            stored = self.batch.column(_KEY).slice(start, end - start)
+            index = pc.index_in(stored, value_set=keys).fill_null(-1).to_numpy()
+            hit = np.flatnonzero(index >= 0)
+            found[index[hit]] = start + hit
+        return found
+
+
+def _merged(
+    batch: pa.RecordBatch, names: list[str], sizes: list[int], kept: KeptRows
+) -> pa.RecordBatch:
+    """``batch`` (the working tables' rows) merged into the stored rows (:func:`encode_tables`)."""
+    stored = kept.stored
+    code_of_stored = np.array([names.index(name) for name in stored.names], np.int8)
+    keep = np.zeros(len(stored.clock), dtype=np.bool_)
+    keep[kept.rows] = True
+    placed = np.full(len(stored.clock), -1, dtype=np.int64)  # working row written in its place
+    fresh_start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    appended: list[Int64Array] = []
+    for code, name in enumerate(names):
+        first, end = fresh_start[code], fresh_start[code + 1]
+        loaded_from = stored._rows_of(name, batch.column(_KEY).slice(first, end - first))
+        if keep[loaded_from[loaded_from >= 0]].any():
+            raise ValueError(f"{name}: a kept row is also a working row")
+        placed[loaded_from[loaded_from >= 0]] = first + np.flatnonzero(loaded_from >= 0)
+        appended.append(first + np.flatnonzero(loaded_from < 0))
+    # Rows of the concatenation [batch, stored rows], table by table in ``names`` order.
+    source = np.where(keep, len(batch) + np.arange(len(stored.clock)), placed)
+    stored_code = code_of_stored[stored.table_code]
+    order = np.concatenate(
+        [
+            part
+            for code in range(len(names))
+            for part in (source[(stored_code == code) & (source >= 0)], appended[code])
+        ]
+        + [np.zeros(0, dtype=np.int64)]
+    )
+    codes = np.repeat(
+        np.arange(len(names), dtype=np.int8),
+        [
+            np.count_nonzero((stored_code == code) & (source >= 0)) + len(appended[code])
+            for code in range(len(names))
+        ],
+    )
+    copied = stored.batch.replace_schema_metadata(None)
+    merged = pa.concat_batches([batch, copied]).take(pa.array(order))
+    return merged.set_column(0, "table", pa.array(codes, pa.int8()))
 
 
 @dataclass(frozen=True)
@@ -331,36 +320,12 @@ def _legacy_tables(
     return result
 
 
-def _canonical_order(
-    table_code: Int64Array, hashes: UInt64Array, keys: pa.Array, source: Int64Array
-) -> Int64Array:
-    """Rows by (table, key hash, key); keys (``keys[source[row]]``) are compared only within a
-    run of equal hashes."""
-    order = np.lexsort((hashes, table_code)).astype(np.int64)
-    sorted_code, sorted_hash = table_code[order], hashes[order]
-    tied = (np.diff(sorted_hash) == 0) & (np.diff(sorted_code) == 0)
-    if tied.any():
-        key_of = np.asarray(keys.take(pa.array(source)).to_numpy(zero_copy_only=False), object)
-        order = np.array(
-            sorted(
-                range(len(source)),
-                key=lambda row: (int(table_code[row]), int(hashes[row]), str(key_of[row])),
-            ),
-            dtype=np.int64,
-        )
-    return order
-
-
 def _ipc_bytes(batch: pa.RecordBatch, compression: Compression) -> bytes:
     sink = pa.BufferOutputStream()
     options = pa.ipc.IpcWriteOptions(compression=compression)
     with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
         writer.write_batch(batch)
     return bytes(sink.getvalue().to_pybytes())
-
-
-def _empty_batch() -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist([], schema=_SCHEMA)
 
 
 def _concat(arrays: list[npt.NDArray[Any]], dtype: Any) -> npt.NDArray[Any]:
