@@ -18,6 +18,7 @@ import platform
 import threading
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,18 +36,26 @@ from streaming.services import LocalService, start_kafka, start_redis
 TOPIC = "overload"
 
 
-def offer(kafka: LocalService, per_s: int, per_message: int, seconds: float) -> threading.Thread:
-    """Publishes ``per_s`` messages/s of ``per_message`` events each for ``seconds``."""
+def offer(
+    kafka: LocalService,
+    per_s: int,
+    per_message: int,
+    seconds: float,
+    traffic: Callable[[int, int, int], Iterator[bytes]] | None = None,
+) -> threading.Thread:
+    """Publishes ``per_s`` messages/s of ``per_message`` events each for ``seconds``; the
+    messages are ``traffic(events, per_message, now_ms)``'s (by default :class:`Traffic`'s over
+    10k clients)."""
 
     def run() -> None:
-        traffic = Traffic(seed=9, clients=10_000)
+        messages = traffic or Traffic(seed=9, clients=10_000).messages
         out = KafkaProducer(bootstrap_servers=kafka.address, linger_ms=20, acks=1)
         began = time.monotonic()
         sent = 0
         while (elapsed := time.monotonic() - began) < seconds:
             now = int(time.time() * 1000)
             due = (int(elapsed * per_s) - sent) * per_message
-            for message in traffic.messages(due, per_message, now):
+            for message in messages(due, per_message, now):
                 out.send(TOPIC, message, partition=sent % PARTITIONS)
                 sent += 1
             time.sleep(0.02)
