@@ -8,7 +8,8 @@ Prints one JSON object and appends it to bench/results/pipeline.jsonl:
 * ``single`` / ``batched``: a pre-loaded topic drained with Trigger.AvailableNow, in batches of
   ``maxOffsetsPerTrigger``; events/s = events / the sum of Spark's batch durations, with the
   batches' time breakdown (Spark's phases) so that a missed target says where the time goes;
-* ``scale``: batches of 100k events over 10k .. 1M distinct active clients: batch time p50 and
+* ``scale``: batches of 100k events over 10k .. 1M distinct active clients (and, with 1M held,
+  over 10k of them: what holding the others costs a batch): batch time p50 and
   state bytes as the state grows;
 * ``latency``: single-event messages published at a fixed rate carry their send time as ``ts``;
   Redis is polled and each new decision's ``decided_at`` (its newest event's send time) against
@@ -220,10 +221,16 @@ def _after_first(progress: list[dict[str, Any]], per_message: int) -> int | None
 
 
 def scale_messages(
-    clients: int, per_message: int, now: int, batch_events: int, batches: int
+    clients: int,
+    per_message: int,
+    now: int,
+    batch_events: int,
+    batches: int,
+    *,
+    touched: int | None = None,
 ) -> tuple[Iterator[bytes], Iterator[bytes]]:
     """Every client active once (the state holds them all), then ``batches`` of
-    ``batch_events`` events over random clients."""
+    ``batch_events`` events over random clients (of the first ``touched`` only, if given)."""
     everyone = (
         b"["
         + b",".join(
@@ -237,7 +244,7 @@ def scale_messages(
     work = (
         b"["
         + b",".join(
-            f'{{"kind":"produce","user":"u{rng.randrange(clients)}","client_id":"c",'
+            f'{{"kind":"produce","user":"u{rng.randrange(touched or clients)}","client_id":"c",'
             f'"broker":1,"bytes":100,"ts":{now + 1000}}}'.encode()
             for _ in range(per_message)
         )
@@ -256,14 +263,18 @@ def scale(
     *,
     shards: int = SHARDS,
     topic: str | None = None,
+    touched: int | None = None,
 ) -> dict[str, Any]:
     """How a batch's cost and the state grow with the clients held, and where a batch's time
-    goes (each piece once more in one process, on the same events)."""
-    topic = topic or f"scale-{clients}-{shards}"
+    goes (each piece once more in one process, on the same events). With ``touched``, the
+    batches' events come from that many of the clients only: what holding the others costs."""
+    topic = topic or f"scale-{clients}-{shards}-{touched}"
     create_topic(kafka, topic)
     now = int(time.time() * 1000)
     batch_events, batches = 100_000, 5
-    everyone, work = scale_messages(clients, per_message, now, batch_events, batches)
+    everyone, work = scale_messages(
+        clients, per_message, now, batch_events, batches, touched=touched
+    )
     publish(kafka, topic, everyone)
     publish(kafka, topic, work)
     query = start_query(
@@ -278,9 +289,10 @@ def scale(
     progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
     last = progress[-batches:]
     state = progress[-1]["stateOperators"][0]
-    everyone, work = scale_messages(clients, per_message, now, batch_events, 1)
+    everyone, work = scale_messages(clients, per_message, now, batch_events, 1, touched=touched)
     return {
         "active_clients": clients,
+        "touched_clients": min(touched or clients, clients),
         "shards": shards,
         "batch_ms_p50": statistics.median(p["durationMs"]["triggerExecution"] for p in last),
         "state_bytes": state["memoryUsedBytes"],
@@ -484,7 +496,13 @@ def main() -> None:
     single_events = 400_000 if quick else 1_200_000
     batched_events = 2_000_000 if quick else 6_000_000
     seconds = args.seconds or (20 if quick else 60)
-    scales = [10_000, 100_000] if quick else [10_000, 100_000, 1_000_000]
+    # (clients held, clients the batches touch): the last pair against the first shows what
+    # holding 1M clients costs a batch that touches 10k of them.
+    scales = (
+        [(10_000, None), (100_000, None)]
+        if quick
+        else [(10_000, None), (100_000, None), (1_000_000, None), (1_000_000, 10_000)]
+    )
     now = int(time.time() * 1000)
     with start_kafka() as kafka, start_redis() as redis_server:
         create_topic(kafka, "single")
@@ -524,7 +542,8 @@ def main() -> None:
             # Before scale: its million keys would slow the latency probe's scans of Redis.
             result["latency"] = latency(spark, kafka, redis_server, rate=args.rate, seconds=seconds)
             result["scale"] = [
-                scale(spark, kafka, redis_server, clients, args.per_message) for clients in scales
+                scale(spark, kafka, redis_server, clients, args.per_message, touched=touched)
+                for clients, touched in scales
             ]
         finally:
             spark.stop()
