@@ -8,7 +8,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar, cast
 
 import msgspec
-import pandas as pd
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -25,9 +24,9 @@ from quotastream.keys import (
 from quotastream.published_config import PublishedConfig, PublishedVersion
 from state.config import QuotaConfig, parse_quota_config
 from state.configfile import ConfigError
-from state.core import QuotaCore
-from state.events import parse_events
 from state.leader_epochs import breach
+from state.quota_rules import QuotaRules
+from state.quota_types import CLIENT_QUOTA_TYPES, QuotaType
 from state.throttle_timers import TimerStats
 
 
@@ -151,7 +150,7 @@ class RemoteLog:
 class _Resolver:
     """What clients are resolved with: a quota configuration, and where it came from."""
 
-    core: QuotaCore | None  # None: no configuration to resolve with
+    rules: QuotaRules | None  # None: no configuration to resolve with
     #: The published live configuration's identity; None: the static quota file.
     published: PublishedVersion | None = None
 
@@ -175,7 +174,7 @@ class QuotaClient:
     ) -> None:
         self._redis = client
         self._prefix = prefix
-        self._static = _Resolver(QuotaCore(config) if config is not None else None)
+        self._static = _Resolver(QuotaRules(config) if config is not None else None)
         self._resolver = self._static
 
     @staticmethod
@@ -253,16 +252,15 @@ class QuotaClient:
     def for_client(self, quota: str, user: str, client_id: str, broker: int) -> Decision | None:
         """The decision that applies to a client, whichever counter its quota level uses under
         the live configuration: one round trip, unless the published version changed."""
-        if self._resolver.core is None:
+        if self._resolver.rules is None:
             # Nothing to resolve with yet but what the engine may have published.
             self.follow_live_config()
             return self.lookup(quota, self.entity_of_client(quota, user, client_id, broker))
         entity = self.entity_of_client(quota, user, client_id, broker)
         key = decision_key(self._prefix, quota, entity)
-        pipeline = self._redis.pipeline(transaction=False)
-        pipeline.get(live_config_version_key(self._prefix))
-        pipeline.get(key)
-        published, raw = pipeline.execute()
+        values = self._redis.mget(live_config_version_key(self._prefix), key)
+        assert isinstance(values, list)
+        published, raw = values
         if self._follow(published):
             followed = self.entity_of_client(quota, user, client_id, broker)
             if followed != entity:
@@ -304,32 +302,30 @@ class QuotaClient:
             config = parse_quota_config(document.config, document_key)
         except ConfigError as exc:
             raise CorruptValueError(document_key, str(exc)) from None
-        # The admin ``lookup`` resolves with a QuotaCore of the live configuration too.
-        self._resolver = _Resolver(QuotaCore(config), document.identity)
+        self._resolver = _Resolver(QuotaRules(config), document.identity)
         return True
 
     def entity_of_client(self, quota: str, user: str, client_id: str, broker: int) -> str:
         """The client's counter under the configuration it is currently resolved with (no
         round trip: :meth:`for_client` follows the live configuration first)."""
-        core = self._resolver.core
-        if core is None:
+        rules = self._resolver.rules
+        if rules is None:
             raise ValueError(
                 "resolving a client's entity needs the quota config: none was given and the "
                 "engine has published none"
             )
-        event = {
-            "kind": quota,
-            "user": user,
-            "client_id": client_id,
-            "broker": broker,
-            "bytes": 0,
-            "ts": 946_684_800_000,
-        }
-        parsed = parse_events([json.dumps(event).encode()])
-        if not parsed.rejected.empty:
-            raise ValueError(str(parsed.rejected["detail"].iloc[0]))
-        entity = core.resolve(parsed.accepted)["entity"]
-        return str(pd.Series(entity).iloc[0])
+        return rules.client(_client_quota(quota, user, broker), user, client_id, broker).entity
+
+
+def _client_quota(quota: str, user: str, broker: int) -> QuotaType:
+    """``quota`` as a client quota type, once the client is one the engine's events can name."""
+    if quota not in CLIENT_QUOTA_TYPES:
+        raise ValueError(f"{quota!r} is not a client quota ({', '.join(CLIENT_QUOTA_TYPES)})")
+    if not user:
+        raise ValueError("a client's user must not be empty")
+    if isinstance(broker, bool) or not isinstance(broker, int) or broker < 0:
+        raise ValueError(f"broker {broker!r} is not a broker id (an integer >= 0)")
+    return QuotaType(quota)
 
 
 def _decision(key: str, quota: str, entity: str, raw: object) -> Decision | None:

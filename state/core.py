@@ -37,6 +37,7 @@ from state.copy_fairness import (
 from state.encoding import KeptRows, StateDecodeError, StoredTables, encode_tables
 from state.entities import broker_keys, client_keys
 from state.events import KIND_DTYPE, ROLE_DTYPE, EventKind
+from state.quota_rules import per_broker
 from state.quota_types import CLIENT_QUOTA_TYPES, WINDOW_RULE, QuotaType
 from state.resolution import NO_LEVEL, ClientPairs, QuotaResolver, Sharing
 from state.rolling import Measurement, RollingTable, WindowSpec
@@ -417,15 +418,15 @@ class QuotaCore:
         self, quota_type: QuotaType, rows: Int64Array, columns: dict[str, npt.NDArray[np.generic]]
     ) -> _Entities:
         brokers = columns["broker"][rows].astype(np.int64, copy=False)
-        per_broker = self.config.quota_types.of(quota_type).scope == "broker"
+        scoped = per_broker(self.config, quota_type)
         if quota_type in CLIENT_QUOTA_TYPES:
             return self._client_entities(
                 quota_type,
                 columns["user"][rows].astype(object, copy=False),
                 columns["client_id"][rows].astype(object, copy=False),
-                brokers if per_broker else None,
+                brokers if scoped else None,
             )
-        return self._broker_entities(quota_type, brokers, per_broker)
+        return self._broker_entities(quota_type, brokers, scoped)
 
     def _client_entities(
         self,

@@ -1,96 +1,54 @@
 """Which limit applies to whom, vectorised over many entities at once.
 
-Client quotas follow Kafka's ``DefaultQuotaCallback`` (``docs/semantics.md`` §3) in its two
-steps. ``quotaMetricTags`` names the usage counter: the first of the eight precedence levels with
-a quota of the asked type decides who shares it, (user, client-id), user or client-id; when only
-one kind of quota is configured for the type, every client is grouped by that kind, the unlimited
-ones too. ``quotaLimit`` then reads the limit from those tags: an empty client-id in the tags
-sends the lookup to the user's levels, whatever level matched.
+The rules are ``state.quota_rules``'s, walked for many clients: each precedence level's rates
+(``ClientRates.by_level``) are looked up for every distinct (user, client-id) pair at once, and
+the levels a pair finds, with whether its client-id is empty, pick its level and sharing through
+``ClientRates.choose`` itself, called once per distinct combination (at most 2**9), not per
+pair. Broker quotas call ``quota_rules.broker_limit`` once per distinct broker.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import IntEnum
-from typing import Literal
+from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from state.config import DEFAULT, QuotaConfig, ThrottledReplicas, TopicThrottles
-from state.quota_types import CLIENT_QUOTA_TYPES, QuotaType
+from state.config import QuotaConfig, ThrottledReplicas, TopicThrottles
+from state.quota_rules import (
+    LEVELS,
+    NO_LEVEL,
+    UNLIMITED,
+    ClientRates,
+    Level,
+    QuotaRules,
+    Sharing,
+    broker_limit,
+    is_exempt,
+)
+from state.quota_types import QuotaType
+
+__all__ = [
+    "LEVELS",
+    "NO_LEVEL",
+    "UNLIMITED",
+    "ClientPairs",
+    "ClientResolution",
+    "QuotaResolver",
+    "Sharing",
+]
 
 FloatArray = npt.NDArray[np.float64]
 Int64Array = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 ObjectArray = npt.NDArray[np.object_]
 
-UNLIMITED = float("inf")
-
-
-class Sharing(IntEnum):
-    """Who shares one usage counter under a precedence level."""
-
-    USER_AND_CLIENT = 1
-    USER = 2
-    CLIENT = 3
-
-
-#: What an entity names at one of its two levels: a name, ``<default>``, or nothing.
-Slot = Literal["name", "default", "none"]
-
-
-@dataclass(frozen=True)
-class _Level:
-    number: int
-    user: Slot
-    client: Slot
-    sharing: Sharing
-
-
-#: Kafka's precedence, first match wins (``DefaultQuotaCallback.quotaMetricTags``).
-LEVELS = (
-    _Level(1, "name", "name", Sharing.USER_AND_CLIENT),
-    _Level(2, "name", "default", Sharing.USER_AND_CLIENT),
-    _Level(3, "name", "none", Sharing.USER),
-    _Level(4, "default", "name", Sharing.USER_AND_CLIENT),
-    _Level(5, "default", "default", Sharing.USER_AND_CLIENT),
-    _Level(6, "default", "none", Sharing.USER),
-    _Level(7, "none", "name", Sharing.CLIENT),
-    _Level(8, "none", "default", Sharing.CLIENT),
-)
-#: Level reported when no level sets the quota: unlimited, one counter per client-id.
-NO_LEVEL = 0
-SHARING_BY_LEVEL = np.array([Sharing.CLIENT] + [level.sharing for level in LEVELS], dtype=np.int64)
-#: ``quotaLimit``: the levels looked up, in order, for the metric tags a counter has.
-_LIMIT_LEVELS = {
-    Sharing.USER_AND_CLIENT: (1, 2, 4, 5),
-    Sharing.USER: (3, 6),
-    Sharing.CLIENT: (7, 8),
-}
-
-
-class _Kind(IntEnum):
-    """``ClientQuotaManager.QuotaTypes``: which kinds of client quota are configured."""
-
-    USER_AND_CLIENT = 1
-    USER = 2
-    CLIENT = 3
-
-
-#: ``quotaMetricTags`` without the walk: none or one kind of quota configured.
-_SINGLE_KIND = {
-    frozenset(): Sharing.CLIENT,
-    frozenset({_Kind.CLIENT}): Sharing.CLIENT,
-    frozenset({_Kind.USER}): Sharing.USER,
-    frozenset({_Kind.USER_AND_CLIENT}): Sharing.USER_AND_CLIENT,
-}
-
-
-def _slot(name: str | None) -> Slot:
-    return "none" if name is None else "default" if name == DEFAULT else "name"
+#: A pair's combination: bit ``number`` set where level ``number`` configures a rate for it, bit 0
+#: where its client-id is empty.
+_COMBINATIONS = 2 ** (len(LEVELS) + 1)
 
 
 @dataclass(frozen=True)
@@ -98,6 +56,18 @@ class ClientResolution:
     level: Int64Array  # 1..8 (the level whose quota is the limit), or NO_LEVEL
     limit: FloatArray  # bytes/s, inf where unlimited
     sharing: Int64Array  # Sharing: who shares the usage counter (Kafka's metric tags)
+    #: The ``Mode`` value of this quota type's decisions for an entity not exempt, an exempt one.
+    modes: tuple[str, str]
+
+    @cached_property
+    def exempt(self) -> BoolArray:
+        return is_exempt(self.level, self.limit)
+
+    @cached_property
+    def mode(self) -> ObjectArray:
+        """Each pair's ``Mode`` value."""
+        not_exempt, exempt = self.modes
+        return np.where(self.exempt, exempt, not_exempt).astype(object)
 
 
 @dataclass(frozen=True)
@@ -114,13 +84,13 @@ class ClientPairs:
 
 
 class _LevelLookup:
-    """Limits configured at one precedence level, looked up for many pairs at once.
+    """Rates configured at one precedence level, looked up for many pairs at once.
 
     A level keyed by user (or client-id) is looked up once per distinct user (or client-id);
     a level keyed by both only for pairs whose user appears at that level.
     """
 
-    def __init__(self, level: _Level, entries: dict[tuple[str | None, str | None], float]) -> None:
+    def __init__(self, level: Level, entries: dict[tuple[str | None, str | None], float]) -> None:
         self.level = level
         self._scalar: float | None = None
         self._index: pd.Index | pd.MultiIndex | None = None
@@ -142,7 +112,7 @@ class _LevelLookup:
         self._values = np.array([rate for _, _, rate in named], dtype=np.float64)
 
     def lookup(self, pairs: ClientPairs) -> FloatArray:
-        """Limit per pair at this level, NaN where this level sets none."""
+        """Rate per pair at this level, NaN where this level sets none."""
         result = np.full(len(pairs), np.nan)
         if self._scalar is not None:
             result[:] = self._scalar
@@ -171,89 +141,63 @@ class _LevelLookup:
         return result
 
 
+class _Chosen:
+    """``ClientRates.choose`` of each combination a pair can have, as it is first met."""
+
+    def __init__(self, rates: ClientRates) -> None:
+        self._rates = rates
+        self._known = np.zeros(_COMBINATIONS, dtype=np.bool_)
+        self._level = np.full(_COMBINATIONS, NO_LEVEL, dtype=np.int64)
+        self._sharing = np.zeros(_COMBINATIONS, dtype=np.int64)
+
+    def of(self, combination: Int64Array) -> tuple[Int64Array, Int64Array]:
+        met = np.zeros(_COMBINATIONS, dtype=np.bool_)
+        met[combination] = True
+        for new in np.flatnonzero(met & ~self._known).tolist():
+            present = {level.number for level in LEVELS if new >> level.number & 1}
+            self._level[new], self._sharing[new] = self._rates.choose(present, bool(new & 1))
+            self._known[new] = True
+        return self._level[combination], self._sharing[combination]
+
+
 class QuotaResolver:
     """Resolves limits and throttled replicas from one :class:`QuotaConfig`."""
 
     def __init__(self, config: QuotaConfig) -> None:
         self.config = config
-        self._client_levels: dict[QuotaType, list[_LevelLookup]] = {}
-        self._kinds: dict[QuotaType, set[_Kind]] = {}
-        for quota_type in CLIENT_QUOTA_TYPES:
-            per_level: dict[int, dict[tuple[str | None, str | None], float]] = {
-                level.number: {} for level in LEVELS
-            }
-            kinds: set[_Kind] = set()
-            for quota in config.clients:
-                rate = quota.rate_for(quota_type)
-                if rate is None:
-                    continue
-                number = next(
-                    level.number
-                    for level in LEVELS
-                    if (level.user, level.client) == (_slot(quota.user), _slot(quota.client_id))
-                )
-                per_level[number][quota.entity] = rate
-                kinds.add(
-                    _Kind.CLIENT
-                    if quota.user is None
-                    else _Kind.USER
-                    if quota.client_id is None
-                    else _Kind.USER_AND_CLIENT
-                )
-            self._client_levels[quota_type] = [
-                _LevelLookup(level, per_level[level.number]) for level in LEVELS
+        self.rules = QuotaRules(config)
+        self._client_levels = {
+            quota_type: [
+                _LevelLookup(level, rates)
+                for level, rates in zip(LEVELS, client_rates.by_level, strict=True)
             ]
-            self._kinds[quota_type] = kinds
+            for quota_type, client_rates in self.rules.client_rates.items()
+        }
+        self._chosen = {
+            quota_type: _Chosen(rates) for quota_type, rates in self.rules.client_rates.items()
+        }
 
     def client(self, quota_type: QuotaType, pairs: ClientPairs) -> ClientResolution:
-        """Counter sharing, limit and the limit's level for each distinct (user, client-id)
-        pair (users are never empty; a client-id may be)."""
-        limits = [lookup.lookup(pairs) for lookup in self._client_levels[quota_type]]
-        sharing = self._metric_tags(quota_type, limits)
-        empty_client = (pairs.clients == "")[pairs.client_of_pair]
-        # quotaLimit: tags with an empty client-id are the user's (an empty user cannot occur).
-        tags = np.where(empty_client & (sharing == Sharing.USER_AND_CLIENT), Sharing.USER, sharing)
-        level = np.full(len(pairs), NO_LEVEL, dtype=np.int64)
+        """Counter sharing, limit, the limit's level, exemption and mode for each distinct
+        (user, client-id) pair (users are never empty; a client-id may be)."""
+        rates = [lookup.lookup(pairs) for lookup in self._client_levels[quota_type]]
+        combination = (pairs.clients == "")[pairs.client_of_pair].astype(np.int64)
+        for number, at_level in enumerate(rates, start=1):
+            combination |= (~np.isnan(at_level)).astype(np.int64) << number
+        level, sharing = self._chosen[quota_type].of(combination)
         limit = np.full(len(pairs), UNLIMITED)
-        for kind, numbers in _LIMIT_LEVELS.items():
-            # Tags of only an empty client-id find no quota.
-            asks = (tags == kind) & ~(empty_client & (kind == Sharing.CLIENT))
-            for number in reversed(numbers):
-                found = asks & ~np.isnan(limits[number - 1])
-                level[found] = number
-                limit[found] = limits[number - 1][found]
-        return ClientResolution(level=level, limit=limit, sharing=tags)
-
-    def _metric_tags(self, quota_type: QuotaType, limits: list[FloatArray]) -> Int64Array:
-        """``quotaMetricTags``: whose usage each pair's counter holds."""
-        size = len(limits[0])
-        single = _SINGLE_KIND.get(frozenset(self._kinds[quota_type]))
-        if single is not None:
-            return np.full(size, single, dtype=np.int64)
-        matched = np.full(size, NO_LEVEL, dtype=np.int64)
-        # Walk from the lowest precedence up so that higher levels overwrite.
-        for number in range(len(LEVELS), 0, -1):
-            matched[~np.isnan(limits[number - 1])] = number
-        result: Int64Array = SHARING_BY_LEVEL[matched]
-        return result
+        for number, at_level in enumerate(rates, start=1):
+            found = level == number
+            limit[found] = at_level[found]
+        not_exempt, exempt = self.rules.modes[quota_type]
+        return ClientResolution(level, limit, sharing, modes=(not_exempt.value, exempt.value))
 
     def broker_limit(self, quota_type: QuotaType, brokers: Int64Array) -> FloatArray:
-        """Per-broker override, else the ``<default>`` entry, else unlimited."""
-        default_entry = self.config.brokers.get(DEFAULT)
-        default_rate = default_entry.rate_for(quota_type) if default_entry else None
-        limit = np.full(len(brokers), UNLIMITED if default_rate is None else default_rate)
-        overrides = {
-            broker: rate
-            for broker, quotas in self.config.brokers.items()
-            if broker != DEFAULT and (rate := quotas.rate_for(quota_type)) is not None
-        }
-        if overrides:
-            index = pd.Index(list(overrides), dtype=np.int64)
-            values = np.array(list(overrides.values()), dtype=np.float64)
-            position = np.asarray(index.get_indexer(pd.Index(brokers, dtype=np.int64)))
-            found = position >= 0
-            limit[found] = values[position[found]]
-        return limit
+        """``quota_rules.broker_limit`` of each broker."""
+        of_broker, distinct = pd.factorize(brokers)
+        limits = [broker_limit(self.config, quota_type, int(broker))[0] for broker in distinct]
+        result: FloatArray = np.array(limits, dtype=np.float64)[of_broker]
+        return result
 
     def replica_throttled(
         self,

@@ -5,12 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any, Final
 
-import numpy as np
-
 from state.config import DEFAULT, BrokerQuotas, QuotaConfig
 from state.live_config import client_entity_name, decision_mode
+from state.quota_rules import QuotaRules, Sharing, broker_limit, per_broker
 from state.quota_types import CLIENT_QUOTA_TYPES, QuotaType
-from state.resolution import LEVELS, NO_LEVEL, ClientPairs, QuotaResolver
 from streaming.admin.context import Admin
 from streaming.admin.entities import checked_entity_name, parse_broker_id
 from streaming.admin.errors import bad
@@ -20,16 +18,10 @@ from streaming.exit_codes import EXIT_OK
 BROKER_QUOTA_TYPES: Final = tuple(q for q in QuotaType if q not in CLIENT_QUOTA_TYPES)
 
 
-def _level_entity(number: int, user: str, client_id: str) -> str:
-    level = LEVELS[number - 1]
-    names = {"name": (user, client_id), "default": (DEFAULT, DEFAULT), "none": (None, None)}
-    return client_entity_name(names[level.user][0], names[level.client][1])
-
-
 _SHARING_TEXT: Final = {
-    1: "one counter per (user, client-id)",
-    2: "one counter per user: all its client-ids share it",
-    3: "one counter per client-id: all users with it share it",
+    Sharing.USER_AND_CLIENT: "one counter per (user, client-id)",
+    Sharing.USER: "one counter per user: all its client-ids share it",
+    Sharing.CLIENT: "one counter per client-id: all users with it share it",
 }
 
 
@@ -92,53 +84,35 @@ def _broker_line(found: dict[str, Any], broker: int) -> str:
 def _describe_client(
     config: QuotaConfig, user: str, client_id: str, broker: int | None
 ) -> dict[str, Any]:
-    from state.entities import client_keys  # noqa: PLC0415 - pyarrow.compute, for this only
-
-    pairs = ClientPairs(
-        users=np.array([user], dtype=object),
-        clients=np.array([client_id], dtype=object),
-        user_of_pair=np.zeros(1, dtype=np.int64),
-        client_of_pair=np.zeros(1, dtype=np.int64),
-    )
-    resolver = QuotaResolver(config)
+    rules = QuotaRules(config)
     quotas: dict[str, Any] = {}
     for quota_type in CLIENT_QUOTA_TYPES:
-        resolution = resolver.client(quota_type, pairs)
-        level, limit = int(resolution.level[0]), float(resolution.limit[0])
-        exempt = level != NO_LEVEL and math.isinf(limit)
-        cluster = config.quota_types.of(quota_type).scope == "cluster"
-        counter = client_keys(
-            resolution.sharing,
-            pairs.users,
-            pairs.clients,
-            None if cluster or broker is None else np.array([broker], dtype=np.int64),
-        )[0]
-        if broker is None and not cluster:
+        resolved = rules.client(quota_type, user, client_id, broker)
+        counter = resolved.entity
+        if broker is None and per_broker(config, quota_type):
             counter += ",broker=N"
+        configured = resolved.configured
         quotas[quota_type.value] = {
-            "limit": None if math.isinf(limit) else limit,
-            "level": level,
-            "from": _level_entity(level, user, client_id) if level != NO_LEVEL else None,
-            "exempt": exempt,
-            "mode": decision_mode(config, quota_type, exempt).value,
-            "counter": str(counter),
-            "sharing": _SHARING_TEXT[int(resolution.sharing[0])],
+            "limit": None if math.isinf(resolved.limit) else resolved.limit,
+            "level": resolved.level,
+            "from": None if configured is None else client_entity_name(*configured),
+            "exempt": resolved.exempt,
+            "mode": resolved.mode.value,
+            "counter": counter,
+            "sharing": _SHARING_TEXT[resolved.sharing],
         }
     return {"user": user, "client_id": client_id, "quotas": quotas}
 
 
 def _describe_broker(config: QuotaConfig, broker: int) -> dict[str, Any]:
-    override, default = config.brokers.get(broker), config.brokers.get(DEFAULT)
     quotas: dict[str, Any] = {}
     for quota_type in BROKER_QUOTA_TYPES:
-        own = override.rate_for(quota_type) if override is not None else None
-        fallback = default.rate_for(quota_type) if default is not None else None
-        source = "override" if own is not None else "default" if fallback is not None else None
+        limit, source = broker_limit(config, quota_type, broker)
         quotas[quota_type.value] = {
             "key": BrokerQuotas.model_fields[quota_type.value].alias,
-            "limit": own if own is not None else fallback,
+            "limit": None if math.isinf(limit) else limit,
             "from": source,
-            "cluster": config.quota_types.of(quota_type).scope == "cluster",
+            "cluster": not per_broker(config, quota_type),
             "mode": decision_mode(config, quota_type, exempt=False).value,
         }
-    return {"broker": broker, "has_override": override is not None, "quotas": quotas}
+    return {"broker": broker, "has_override": broker in config.brokers, "quotas": quotas}
