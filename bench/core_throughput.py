@@ -49,6 +49,7 @@ def synthetic_events(count: int, clients: int, seed: int = 1) -> pd.DataFrame:
     frame = pd.DataFrame(
         {
             "position": np.arange(count, dtype=np.int64),
+            "index": np.full(count, -1),  # one event per message
             "kind": kind,
             "ts": START + np.sort(rng.integers(0, 60_000, count)),
             "bytes": rng.integers(0, 64_000, count),
@@ -68,6 +69,9 @@ def synthetic_events(count: int, clients: int, seed: int = 1) -> pd.DataFrame:
             "leader_epoch": np.full(count, -1),
             "segment_id": np.full(count, None),
             "state": np.full(count, None),
+            "epochs": np.full(count, None),
+            "end_offset": np.full(count, -1),
+            "log_end_offset": np.full(count, -1),
         }
     )
     # The same dtypes the validator emits.

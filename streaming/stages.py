@@ -32,6 +32,7 @@ from state.config import QuotaConfig
 from state.core import QuotaCore
 from state.events import EventBounds, EventKind, parse_events
 from state.live_config import ConfigVersions, LiveConfig, decision_mode
+from state.quota_rules import is_exempt
 from state.quota_types import QuotaType
 from state.remote_log import LINEAGE
 from state.shard import USAGE_COLUMNS, Shard, ShardSettings, ShardState, timer_counts
@@ -298,13 +299,17 @@ def _nulls(arrow_type: pa.DataType, size: int) -> pd.api.extensions.ExtensionArr
 
 def _modes(resolved: pd.DataFrame, config: QuotaConfig) -> npt.NDArray[np.object_]:
     """Each row's :class:`Mode`; an entity resolved to an exempt level is unlimited there."""
-    exempt = (resolved["level"].to_numpy() > 0) & np.isinf(resolved["limit"].to_numpy())
+    exempt = is_exempt(
+        resolved["level"].to_numpy(dtype=np.int64), resolved["limit"].to_numpy(dtype=np.float64)
+    )
     quota = resolved["quota"].astype(str).to_numpy()
     modes = np.empty(len(resolved), dtype=object)
     for quota_type in QuotaType:
         rows = quota == quota_type.value
-        for is_exempt in (False, True):
-            modes[rows & (exempt == is_exempt)] = decision_mode(config, quota_type, is_exempt).value
+        for exempt_here in (False, True):
+            modes[rows & (exempt == exempt_here)] = decision_mode(
+                config, quota_type, exempt_here
+            ).value
     return modes
 
 
