@@ -19,7 +19,8 @@ COPY pyproject.toml README.md ./
 COPY quotastream ./quotastream
 COPY state ./state
 COPY streaming ./streaming
-RUN pip install .
+# The engine extra: the base install is only the agent client (docs/agents.md).
+RUN pip install '.[engine]'
 COPY conf ./conf
 
 # The exporter (metrics.port); bind it with QUOTASTREAM_METRICS__HOST=0.0.0.0.

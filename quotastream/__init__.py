@@ -10,7 +10,7 @@ Agents that must not stall when Redis does use ``CachedQuotaClient`` (``docs/age
 
 from quotastream.cache import Answer, CachedQuotaClient, CacheSettings, FailurePolicy, Source
 from quotastream.client import Decision, QuotaClient, RemoteLog
-from state.throttle_timers import TimerStats
+from state.timer_stats import TimerStats
 
 __all__ = [
     "Answer",

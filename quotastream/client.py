@@ -27,7 +27,7 @@ from state.configfile import ConfigError
 from state.leader_epochs import breach
 from state.quota_rules import QuotaRules
 from state.quota_types import CLIENT_QUOTA_TYPES, QuotaType
-from state.throttle_timers import TimerStats
+from state.timer_stats import TimerStats
 
 
 class CorruptValueError(ValueError):

@@ -34,7 +34,8 @@ from state.core import QuotaCore
 from state.live_config import Mode
 from state.quota_types import QuotaType
 from state.remote_log import EVENT_COLUMNS, RemoteLogSizes
-from state.throttle_timers import ThrottleTimers, TimerStats
+from state.throttle_timers import ThrottleTimers
+from state.timer_stats import TimerStats
 from state.timing_wheel import KAFKA_TICK_MS, KAFKA_WHEEL_SIZE
 
 #: What :meth:`Shard.step` takes as usage: sums per (quota, entity, partition_key, sample).

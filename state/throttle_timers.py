@@ -1,12 +1,11 @@
 """Release timers for throttle decisions: when each pending throttle ends, and why it ended early.
 
 Every decision with a delay registers a timer at its ``until`` in a :class:`TimingWheel`; a newer
-decision for the same key replaces it, and an operator's release cancels it. What a step returns
-tells enforcement points which throttles ended (``notice``):
+decision for the same key replaces it. What a step returns tells enforcement points which
+throttles ended (``notice``):
 
 * ``expired`` -- the timer fired: the throttle is over;
-* ``superseded`` -- a newer decision without a pending delay replaced a pending throttle;
-* ``released`` -- an operator released the key.
+* ``superseded`` -- a newer decision without a pending delay replaced a pending throttle.
 
 A newer decision that is itself a pending throttle replaces the old one silently: readers see the
 new ``until``. A decision already over when it is made (old event time) is marked released at once
@@ -19,33 +18,23 @@ even when the key has no new traffic.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 
+# Re-exported (an explicit alias, as mypy wants): state.shard and streaming.sinks import it here.
+from state.timer_stats import TimerStats
 from state.timing_wheel import TimingWheel
 
 EXPIRED = "expired"
 SUPERSEDED = "superseded"
-RELEASED = "released"
 
 _FORMAT = b"quotastream.throttle_timers.1"
 
 
 class TimersDecodeError(ValueError):
     """Bytes that are not encoded throttle timers."""
-
-
-@dataclass(frozen=True)
-class TimerStats:
-    """Timers pending now, and fired and cancelled since the state began."""
-
-    pending: int
-    fired: int
-    cancelled: int
 
 
 class ThrottleTimers:
@@ -104,11 +93,6 @@ class ThrottleTimers:
         if len(only_expired):
             return pd.concat([rows, only_expired])
         return rows
-
-    def release(self, keys: pd.Index, now_ms: int) -> pd.DataFrame:
-        """Cancel the pending throttles of ``keys`` (an operator's release); what was released."""
-        released = self._take(keys)
-        return self._report(released, np.full(len(released), now_ms, dtype=np.int64), RELEASED)
 
     # ------------------------------------------------------------------ encoding
     def encode(self) -> bytes:

@@ -11,22 +11,32 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from state.config import load_quota_config
-from state.configfile import ConfigError
-from state.shard import Shard
-from streaming.admin import ADMIN_COMMANDS, add_admin_commands, run_admin
 from streaming.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
-from streaming.help_text import examples
-from streaming.replay import replay
-from streaming.settings import load_engine_settings
-from streaming.whatif import (
-    BASE_NAME,
-    DEFAULT_TOP,
-    OUTPUTS,
-    WhatIfError,
-    parse_options,
-    report,
-)
+
+INSTALL_ENGINE = "pip install 'quotastream[engine]'"
+
+# The base install is the agent package alone (docs/agents.md): without the engine extra every
+# command says what to install in one line (main) instead of ending in a traceback.
+try:
+    from state.config import load_quota_config
+    from state.configfile import ConfigError
+    from state.shard import Shard
+    from streaming.admin import ADMIN_COMMANDS, add_admin_commands, run_admin
+    from streaming.help_text import examples
+    from streaming.replay import replay
+    from streaming.settings import load_engine_settings
+    from streaming.whatif import (
+        BASE_NAME,
+        DEFAULT_TOP,
+        OUTPUTS,
+        WhatIfError,
+        parse_options,
+        report,
+    )
+except ModuleNotFoundError as exc:
+    _missing_engine: ModuleNotFoundError | None = exc
+else:
+    _missing_engine = None
 
 
 def _version() -> str:
@@ -178,6 +188,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if _missing_engine is not None:
+        return _engine_not_installed(_missing_engine)
     args = _parser().parse_args(argv)
     if args.command == "replay":
         return _replay(args)
@@ -252,10 +264,13 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from streaming.config_log import MisshapenTopicError  # noqa: PLC0415
-    from streaming.preflight import UnreachableError  # noqa: PLC0415
-    from streaming.run import RunOptions, run  # noqa: PLC0415 - replay need not load Spark
-    from streaming.services import MissingPackageError  # noqa: PLC0415
+    try:
+        from streaming.config_log import MisshapenTopicError  # noqa: PLC0415
+        from streaming.preflight import UnreachableError  # noqa: PLC0415
+        from streaming.run import RunOptions, run  # noqa: PLC0415 - replay need not load Spark
+        from streaming.services import MissingPackageError  # noqa: PLC0415
+    except ModuleNotFoundError as exc:
+        return _engine_not_installed(exc)
 
     embedded = args.embedded if args.embedded is not None else args.engine_config is None
     logging.basicConfig(
@@ -326,6 +341,14 @@ def _simulate(args: argparse.Namespace) -> int:
     if traffic.failure is not None:
         return _fail(EXIT_UNREACHABLE, f"{where}: publishing stopped: {traffic.failure}")
     return EXIT_OK
+
+
+def _engine_not_installed(exc: ModuleNotFoundError) -> int:
+    if (exc.name or "").partition(".")[0] in {"quotastream", "state", "streaming"}:
+        raise exc  # a module of our own is missing: a broken install or a bug, not the extra
+    return _fail(
+        EXIT_USAGE, f"the engine is not installed (no module {exc.name!r}): {INSTALL_ENGINE}"
+    )
 
 
 def _fail(code: int, message: str) -> int:

@@ -34,7 +34,7 @@ from quotastream.outage import Outage
 from quotastream.published_config import publish_arguments
 from state.events import dead_letter_record
 from state.live_config import ConfigVersions, LiveConfig, Mode
-from state.throttle_timers import TimerStats
+from state.timer_stats import TimerStats
 from streaming.kafka_clients import RECONNECT_BACKOFF_MAX_MS, kafka_outage, ride_out
 from streaming.metrics import SUMMARY_SCHEMA, BatchSummary, SummaryRequest
 from streaming.settings import EngineSettings

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from quotastream.acl import (
 )
 from quotastream.keys import live_config_key, live_config_version_key, release_channel
 from state.live_config import ConfigVersions, LiveConfigs, SetClientQuota, encode_change
+from streaming.exit_codes import EXIT_USAGE
 from streaming.services import LocalService, start_redis
 from streaming.sinks import SinkSettings, write_batches
 from streaming.stages import DECISION_SCHEMA
@@ -444,3 +446,66 @@ def test_the_documented_acl_lines_are_the_ones_tested() -> None:
     docs = (Path(__file__).parents[1] / "docs" / "agents.md").read_text()
     assert setuser_command(ENGINE_USER, engine_acl("quotastream", "engine-secret")) in docs
     assert setuser_command(AGENT_USER, agent_acl("quotastream", "agent-secret")) in docs
+
+
+# What an agent's base install lacks (the engine extra in pyproject.toml), by import name.
+ENGINE_ONLY_MODULES = (
+    "pyspark",
+    "kafka",
+    "crc32c",
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "pydantic_settings",
+    "rich",
+    "matplotlib",
+)
+
+
+def python(script: str) -> subprocess.CompletedProcess[str]:
+    """``script`` in a fresh interpreter at the project root: nothing imported by the tests."""
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+
+
+def test_importing_the_agent_package_loads_no_engine_package() -> None:
+    # pandas, numpy, pyarrow and pyspark above all: they made an agent's install ~960 MiB.
+    imported = python(
+        "import sys, quotastream\n"
+        f"print(sorted({{m.partition('.')[0] for m in sys.modules}} & {set(ENGINE_ONLY_MODULES)}))"
+    )
+    assert imported.returncode == 0, imported.stderr
+    assert imported.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "absent",
+    [
+        pytest.param(ENGINE_ONLY_MODULES, id="base-install"),
+        pytest.param(("pyspark",), id="no-spark"),
+    ],
+)
+def test_quotastream_run_without_the_engine_extra_says_what_to_install_in_one_line(
+    absent: tuple[str, ...],
+) -> None:
+    # None in sys.modules makes an import fail as if the package were not installed.
+    ran = python(
+        f"import sys; sys.modules.update(dict.fromkeys({absent!r}))\n"
+        "from streaming.cli import main\n"
+        "sys.exit(main(['run']))"
+    )
+    assert ran.returncode == EXIT_USAGE, ran.stderr
+    assert ran.stdout == ""
+    [line] = ran.stderr.splitlines()
+    missing = re.fullmatch(
+        r"quotastream: error: the engine is not installed \(no module '([\w.]+)'\): "
+        r"pip install 'quotastream\[engine\]'",
+        line,
+    )
+    assert missing, line
+    assert missing.group(1).partition(".")[0] in absent
