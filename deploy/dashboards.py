@@ -307,6 +307,22 @@ def quotas_overview() -> dashboard.Dashboard:
             )
         )
         .with_panel(
+            _series(
+                "Requests by quota",
+                "Requests per second the accepted events stood for (their count, docs/events.md), "
+                "per quota type.",
+                "reqps",
+                [
+                    (
+                        "sum by (quota) "
+                        '(rate(quotastream_requests_total{quota=~"$quota"}[$__rate_interval]))',
+                        "{{quota}}",
+                    )
+                ],
+                width=24,
+            )
+        )
+        .with_panel(
             _top(
                 "Top $topk entities by utilisation",
                 "The entities nearest (or over) their quota now.",

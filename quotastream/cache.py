@@ -304,11 +304,6 @@ class CachedQuotaClient:
                 self._resolver_generation += 1
                 self._entities.clear()
 
-    def invalidate(self) -> None:
-        """Forget every cached decision (the next lookups read Redis)."""
-        with self._lock:
-            self._entries.clear()
-
     def _age_ms(self, entry: _Entry, now: float) -> int:
         return max(int((now - entry.read_at) * 1000), 0)
 

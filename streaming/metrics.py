@@ -8,8 +8,9 @@ Where the values come from:
 * Each micro-batch's writer (:func:`streaming.sinks.write_batches`, on the executors) returns a
   small :data:`SUMMARY_SCHEMA` table besides writing Redis: the decision rows that could be
   exported (per Arrow batch, the ``top_k`` per quota by utilisation, every throttled one, and
-  every one the driver tracks already), rejects by reason, timer counts per shard, remote log
-  totals per partition, and the newest event time. :class:`BatchSummary` builds it.
+  every one the driver tracks already), rejects by reason, requests by quota, timer counts per
+  shard, remote log totals per partition, and the newest event time. :class:`BatchSummary`
+  builds it.
 * The driver folds it into a :class:`MetricsState` (plain Python, no Prometheus): each tracked
   entity's latest decision, and the exported set, the ``top_k`` per quota plus every entity
   throttled now. Entities that leave the set are forgotten, so their series disappear.
@@ -74,6 +75,7 @@ TIMERS_FIRED = "quotastream_timers_fired_total"
 TIMERS_CANCELLED = "quotastream_timers_cancelled_total"
 DEAD_LETTER_EVENTS = "quotastream_dead_letter_events_total"
 INPUT_EVENTS = "quotastream_input_events_total"
+QUOTA_REQUESTS = "quotastream_requests_total"
 BATCH_DURATION = "quotastream_batch_duration_seconds"
 INPUT_ROWS_PER_SECOND = "quotastream_input_rows_per_second"
 PROCESSED_ROWS_PER_SECOND = "quotastream_processed_rows_per_second"
@@ -114,6 +116,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     TIMERS_CANCELLED: ("counter", ()),
     DEAD_LETTER_EVENTS: ("counter", ("reason",)),
     INPUT_EVENTS: ("counter", ()),
+    QUOTA_REQUESTS: ("counter", ("quota",)),
     BATCH_DURATION: ("histogram", ()),
     INPUT_ROWS_PER_SECOND: ("gauge", ()),
     PROCESSED_ROWS_PER_SECOND: ("gauge", ()),
@@ -302,17 +305,19 @@ def tracking_key(quota: str, entity: str) -> str:
 SUMMARY = "summary"
 DECISION = "decision"
 REJECTS = "rejects"
+REQUESTS = "requests"
 TIMERS = "timers"
 REMOTE_LOG = "remote_log"
 
 #: The output of :func:`streaming.sinks.write_batches` when asked for a summary: one ``summary``
-#: row per Arrow batch written, then its kept decisions, rejects by reason, timer counts and
-#: remote log totals (``kind`` tells which columns are set).
+#: row per Arrow batch written, then its kept decisions, rejects by reason, requests by quota,
+#: timer counts and remote log totals (``kind`` tells which columns are set).
 SUMMARY_SCHEMA = pa.schema(
     [
         ("kind", pa.string()),
         ("decisions", pa.int64()),  # summary: decisions written
         ("rejects", pa.int64()),  # summary: rejects written; rejects: count of the reason
+        ("requests", pa.int64()),  # requests: the quota's requests (events' count)
         ("written_at", pa.int64()),  # summary: wall clock at write (ms)
         ("newest_ts", pa.int64()),  # summary: newest event time of a new decision
         ("config_version", pa.int64()),  # summary: highest configuration version decided
@@ -355,6 +360,7 @@ class BatchSummary:
         self._kept: list[Mapping[str, Any]] = []
         self._candidates: dict[str, list[tuple[tuple[float, float], int, Mapping[str, Any]]]] = {}
         self._rejects: Tally[str] = Tally()
+        self._requests: Tally[str] = Tally()
         self._rows: list[dict[str, Any]] = []
         self.decisions = 0
         self._newest_ts: int | None = None
@@ -363,10 +369,13 @@ class BatchSummary:
         self.redis_failures = 0
 
     def add_other(self, row: Mapping[str, Any]) -> None:
-        """A written row that is not a decision: a reject, timer counts or remote log sizes."""
+        """A written row that is not a decision: a reject, requests, timer counts or remote log
+        sizes."""
         row_type = row["row_type"]
         if row_type == stages.REJECT:
             self._rejects[str(row["reason"])] += 1
+        elif row_type == stages.REQUESTS:
+            self._requests[str(row["quota"])] += int(row["requests"])
         elif row_type == stages.TIMERS:
             self.timers(
                 int(row["shard"]),
@@ -462,7 +471,11 @@ class BatchSummary:
             {"kind": REJECTS, "reason": reason, "rejects": count}
             for reason, count in self._rejects.items()
         ]
-        return [summary, *decisions, *rejects, *self._rows]
+        requests = [
+            {"kind": REQUESTS, "quota": quota, "requests": count}
+            for quota, count in self._requests.items()
+        ]
+        return [summary, *decisions, *rejects, *requests, *self._rows]
 
     def batch(self) -> pa.RecordBatch:
         return pa.RecordBatch.from_pylist(self.rows(), schema=SUMMARY_SCHEMA)
@@ -491,6 +504,7 @@ class BatchReport:
     decisions: list[EntityDecision] = field(default_factory=list)
     decisions_written: int = 0
     rejects: Tally[str] = field(default_factory=Tally)
+    requests: Tally[str] = field(default_factory=Tally)
     timers: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     remote_log: dict[tuple[str, int], int] = field(default_factory=dict)
     written_at: int | None = None
@@ -513,6 +527,8 @@ class BatchReport:
                 report.redis_failures += int(row["redis_failures"] or 0)
             elif kind == REJECTS:
                 report.rejects[str(row["reason"])] += int(row["rejects"])
+            elif kind == REQUESTS:
+                report.requests[str(row["quota"])] += int(row["requests"])
             elif kind == TIMERS:
                 report.timers[int(row["shard"])] = (
                     int(row["timers_pending"]),
@@ -586,6 +602,14 @@ class EngineMetrics:
             DEAD_LETTER_EVENTS, "Rejected events, by reason", ["reason"], registry=registry
         )
         self.input_events = Counter(INPUT_EVENTS, "Kafka records read", registry=registry)
+        self.requests = Counter(
+            QUOTA_REQUESTS,
+            "Requests the accepted events stood for (their count), by quota",
+            ["quota"],
+            registry=registry,
+        )
+        for quota in QUOTAS:  # each quota's series from 0, so that rate() sees its first batch
+            self.requests.labels(quota=quota)
         self.batch_duration = Histogram(
             BATCH_DURATION,
             "Micro-batch trigger execution time",
@@ -689,6 +713,8 @@ class EngineMetrics:
             self.timers_pending.set(pending)
         for reason, count in report.rejects.items():
             self.dead_letter.labels(reason=reason).inc(count)
+        for quota, count in report.requests.items():
+            self.requests.labels(quota=quota).inc(count)
         for (topic, partition), total in report.remote_log.items():
             self.remote_log_size.labels(topic=topic, partition=str(partition)).set(total)
         lag = report.event_lag_s

@@ -2,14 +2,16 @@
 
 1. :func:`staged_batches` (in the Kafka source's ``read()``, on the executor that reads the
    records, no state): validates Kafka values, resolves each event's quota and entity, and sums
-   the counted bytes per (quota, entity, sample), so raw payloads never cross into the JVM.
+   the counted bytes and the requests (events' ``count``) per (quota, entity, sample), so raw
+   payloads never cross into the JVM.
    Summing is exact: after a batch, windows and decisions depend only on the events, not on
    their order (``tests/test_rolling.py``). Rejected events pass through with their reason and
    their coordinates (topic, partition, offset, index in a batched message).
 2. :func:`update_shard` (``applyInPandasWithState``, one group per shard): converts a shard's
    rows for :class:`~state.shard.Shard` (which records the usage, emits each touched entity's
    latest decision, keeps every pending throttle's release in a timing wheel that also wakes the
-   shard when no events come, and the partitions' remote log sizes) and its outcome back.
+   shard when no events come, and the partitions' remote log sizes) and its outcome back, with
+   the requests its usage stood for per quota (for the metrics).
 
 Spark charges about a millisecond per state group and micro-batch, so a group is a shard of
 many entities, not one entity.
@@ -43,6 +45,7 @@ USAGE = "usage"
 REJECT = "reject"
 SEGMENT = "segment"  # a remote segment lifecycle event (KIP-852), on its way to its shard
 REMOTE_LOG = "remote_log"  # a partition's remote log sizes, after a batch changed them
+REQUESTS = "requests"  # a shard's requests of one quota in a micro-batch
 
 #: Rows between the two stages: usage sums, and rejected events on their way to the dead letter.
 STAGE_SCHEMA = pa.schema(
@@ -53,7 +56,7 @@ STAGE_SCHEMA = pa.schema(
         ("entity", pa.string()),
         ("ts", pa.int64()),  # latest event time of the group
         ("counted_bytes", pa.int64()),
-        ("events", pa.int64()),
+        ("requests", pa.int64()),  # usage: the summed events' count
         ("limit", pa.float64()),
         ("level", pa.int32()),
         ("partition_key", pa.string()),  # remote_copy: the uploading partition
@@ -157,7 +160,13 @@ def staged_batches(records: KafkaRecords, settings: StageSettings) -> Iterator[p
     if len(parsed.accepted):
         live = settings.live(records.config_version)
         core = QuotaCore(live.config)
-        usage = _usage(core.resolve(parsed.accepted), settings, core.config, records.config_version)
+        usage = _usage(
+            core.resolve(parsed.accepted),
+            parsed.accepted["count"].to_numpy(),
+            settings,
+            core.config,
+            records.config_version,
+        )
         if len(usage):
             yield pa.RecordBatch.from_pandas(usage, schema=STAGE_SCHEMA, preserve_index=False)
     if len(parsed.rejected):
@@ -165,10 +174,15 @@ def staged_batches(records: KafkaRecords, settings: StageSettings) -> Iterator[p
 
 
 def _usage(
-    resolved: pd.DataFrame, settings: StageSettings, config: QuotaConfig, version: int
+    resolved: pd.DataFrame,
+    requests: npt.NDArray[np.int64],
+    settings: StageSettings,
+    config: QuotaConfig,
+    version: int,
 ) -> pd.DataFrame:
-    """Resolved events summed per (quota, entity, partition key, sample), grouped by their
-    category codes: strings are looked up for the sums only."""
+    """Resolved events (with each one's ``requests``, row for row) summed per (quota, entity,
+    partition key, sample), grouped by their category codes: strings are looked up for the sums
+    only."""
     quota = resolved["quota"].cat
     entity = resolved["entity"].cat
     partition = resolved["partition_key"].cat
@@ -188,6 +202,7 @@ def _usage(
             "sample": ts // windows[quota_codes[measured]],
             "ts": ts,
             "counted_bytes": resolved["counted_bytes"].to_numpy()[measured],
+            "requests": requests[measured],
             "limit": resolved["limit"].to_numpy()[measured],
             "level": resolved["level"].to_numpy()[measured],
         },
@@ -199,7 +214,7 @@ def _usage(
         .agg(
             ts=("ts", "max"),
             counted_bytes=("counted_bytes", "sum"),
-            events=("ts", "size"),
+            requests=("requests", "sum"),
             limit=("limit", "first"),
             level=("level", "first"),
         )
@@ -334,7 +349,8 @@ def _rejects(records: KafkaRecords, rejected: pd.DataFrame) -> pa.RecordBatch:
 
 
 #: What the stateful stage emits: each touched entity's latest decision (or the release of its
-#: throttle), each touched shard's timer counts, and rejects.
+#: throttle), each touched shard's timer counts and requests per quota, remote log sizes, and
+#: rejects.
 DECISION_SCHEMA = pa.schema(
     [
         ("row_type", pa.string()),
@@ -363,6 +379,7 @@ DECISION_SCHEMA = pa.schema(
         ("reason", pa.string()),
         ("detail", pa.string()),
         ("remote_log", pa.string()),  # remote_log rows: the partition's sizes (JSON); null: none
+        ("requests", pa.int64()),  # requests rows (with quota)
     ]
 )
 TIMERS = "timers"
@@ -460,10 +477,27 @@ def update_shard(
     parts = [
         step.decisions.assign(row_type=USAGE),
         counts,
+        _requests(usage),
         remote_logs.drop(columns="document").assign(row_type=REMOTE_LOG, remote_log=documents),
         rejects,
     ]
     return ShardUpdate(step.state, _decision_rows(parts), step.wake_at_ms)
+
+
+def _requests(usage: pd.DataFrame) -> pd.DataFrame:
+    """The requests of a shard's usage rows, per quota."""
+    per_quota = (
+        pd.Series(usage["requests"].to_numpy(dtype=np.int64))
+        .groupby(usage["quota"].to_numpy(dtype=object), sort=False)
+        .sum()
+    )
+    return pd.DataFrame(
+        {
+            "row_type": REQUESTS,
+            "quota": per_quota.index.to_numpy(dtype=object),
+            "requests": per_quota.to_numpy(dtype=np.int64),
+        }
+    )
 
 
 def _epochs(column: pd.Series) -> npt.NDArray[np.object_]:

@@ -13,7 +13,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from state.config import parse_quota_config
 from state.configfile import ConfigError
+from state.events import EventBounds
 from streaming import metrics as names
 from streaming.metrics import (
     METRICS,
@@ -26,7 +28,24 @@ from streaming.metrics import (
 )
 from streaming.services import LocalService
 from streaming.settings import EngineSettings, load_engine_settings
-from streaming.stages import DECISION_SCHEMA
+from streaming.stages import (
+    DECISION_SCHEMA,
+    STAGE_SCHEMA,
+    USAGE,
+    KafkaRecords,
+    StageSettings,
+    staged_batches,
+    update_shard,
+)
+from tests.factories import (
+    BASE,
+    MIXED_QUOTAS,
+    fetch,
+    produce,
+    remote,
+    remote_segment,
+    replication,
+)
 
 NOW = 1_700_000_000_000
 
@@ -181,9 +200,21 @@ def decision_row(entity: str, rate: float, **overrides: Any) -> dict[str, Any]:
     return row
 
 
+def writer_summary(
+    written: pa.RecordBatch, request: SummaryRequest, written_at: int
+) -> list[dict[str, Any]]:
+    """What ``write_batches`` returns for one written batch, without Redis: its summary rows."""
+    summary = BatchSummary(request, written_at)
+    is_decision = pc.equal(written.column("row_type"), USAGE)
+    summary.decisions_of(written.filter(is_decision))
+    for row in written.filter(pc.invert(is_decision)).to_pylist():
+        summary.add_other(row)
+    rows: list[dict[str, Any]] = summary.batch().to_pylist()
+    return rows
+
+
 def test_a_writer_summary_keeps_top_k_throttled_and_tracked_rows_only() -> None:
     request = SummaryRequest(top_k=3, tracked=frozenset({"produce\x00user=tracked"}))
-    summary = BatchSummary(request, written_at=NOW + 250)
     rows = [decision_row(f"user=u{i}", float(i)) for i in range(1000)]
     rows.append(decision_row("user=tracked", 0.5, ts=NOW - 10))
     rows.append(decision_row("user=hot", 5000.0, throttle_ms=9000, until=NOW + 9000))
@@ -194,13 +225,7 @@ def test_a_writer_summary_keeps_top_k_throttled_and_tracked_rows_only() -> None:
         {**dict.fromkeys(DECISION_SCHEMA.names), "row_type": "timers", "shard": 2, **timers}
     )
     written = pa.RecordBatch.from_pylist(rows, schema=DECISION_SCHEMA)
-    others = [row for row in rows if row["row_type"] != "usage"]
-    summary.decisions_of(written.filter(pc.equal(written.column("row_type"), "usage")))
-    for row in others:
-        summary.add_other(row)
-    batch = summary.batch()
-    assert isinstance(batch, pa.RecordBatch)
-    out = batch.to_pylist()
+    out = writer_summary(written, request, written_at=NOW + 250)
     kept = {row["entity"] for row in out if row["kind"] == "decision"}
     assert kept == {"user=tracked", "user=hot", "user=u999", "user=u998", "user=u997"}
     (head,) = [row for row in out if row["kind"] == "summary"]
@@ -391,3 +416,46 @@ def test_the_input_backlog_is_end_offsets_asked_of_kafka_minus_the_offsets_read(
         assert samples(metrics.scrape(), names.INPUT_BACKLOG) == {"": 0.0}
     finally:
         metrics.close()
+
+
+def test_requests_are_the_accepted_events_count_summed_per_quota() -> None:
+    """Each event stands for ``count`` requests (default 1); the exporter counts them per quota
+    over every shard and writer, and counts nothing for events of no quota or rejected ones."""
+    quotas = parse_quota_config(MIXED_QUOTAS, "test config")
+    stage = StageSettings(quotas, EventBounds(), 65_536, shards=3)
+    counted = [
+        {**produce("alice", "app", 100, BASE), "count": 3},
+        produce("bob", "app", 100, BASE + 1),
+        {**fetch("alice", "app", 100, BASE + 2), "count": 5},
+        {**remote("remote_copy", 1, 100, BASE + 3), "count": 2},
+        {**replication(1, "leader", "t", 0, 2, True, 100, BASE + 4), "count": 6},
+    ]
+    batched = [  # one message, two events
+        {**produce("carol", "app", 10, BASE + 5), "count": 2},
+        {**fetch("bob", "app", 10, BASE + 5), "count": 4},
+    ]
+    uncounted = [
+        # No quota measures a follower's fetch of a partition it does not throttle.
+        {**replication(1, "follower", "u", 0, 2, True, 100, BASE + 6), "count": 8},
+        {**remote_segment("t", 0, "s1", 100, "copy_finished", BASE + 7), "count": 9},
+        {**produce("dave", "app", -1, BASE + 8), "count": 100},  # rejected: negative bytes
+    ]
+    values = [json.dumps(event).encode() for event in [*counted, *uncounted]]
+    values.append(json.dumps(batched).encode())
+    records = KafkaRecords("events", 0, list(range(len(values))), list(values), 0)
+    staged = pa.Table.from_batches(list(staged_batches(records, stage)), STAGE_SCHEMA).to_pandas()
+    request = SummaryRequest(top_k=10)
+    written = [
+        row
+        for shard, rows in staged.groupby("shard")
+        for batch in update_shard(None, rows, stage, int(shard), BASE + 10_000).batches()
+        for row in writer_summary(batch, request, written_at=BASE + 10_000)
+    ]
+    assert sum(row["kind"] == "summary" for row in written) > 1  # several writers to merge
+    metrics = EngineMetrics(port=0)
+    metrics.record_batch(written)
+    metrics.record_batch(written)  # a counter: the next batch adds to it
+    expected = {"produce": 3 + 1 + 2, "fetch": 5 + 4, "remote_copy": 2, "leader_replication": 6}
+    assert samples(metrics.scrape(), names.QUOTA_REQUESTS) == {
+        f'{{quota="{quota}"}}': 2.0 * expected.get(quota, 0) for quota in names.QUOTAS
+    }

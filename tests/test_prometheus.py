@@ -25,6 +25,7 @@ from state.config import parse_quota_config
 from streaming.job import start_query
 from streaming.metrics import (
     INPUT_BACKLOG,
+    QUOTA_REQUESTS,
     QUOTA_UTILISATION,
     THROTTLE_TIME,
     THROTTLED_ENTITIES,
@@ -139,8 +140,9 @@ def test_prometheus_sees_a_throttled_client(
     try:
         prometheus.wait_ready(30)
         query = start_query(spark, settings, config, metrics=metrics)
-        # 400 B every 100 ms against 1000 B/s: throttled while the traffic lasts.
-        traffic = SteadyTraffic(kafka, topic, produce("alice", "app", 400, 0))
+        # 400 B every 100 ms against 1000 B/s: throttled while the traffic lasts. Each event
+        # stands for 3 requests.
+        traffic = SteadyTraffic(kafka, topic, {**produce("alice", "app", 400, 0), "count": 3})
         traffic.start()
         deadline = time.monotonic() + 75
         throttle = utilisation = throttled = input_events = None
@@ -170,6 +172,7 @@ def test_prometheus_sees_a_throttled_client(
         # The backlog is asked of Kafka at each scrape: once the traffic stops and the query has
         # read everything, it is 0 (an idle cluster, which the stalled-engine alert ignores).
         traffic.stop()
+        sent_requests = 3 * traffic.acked
         traffic = None
         backlog_deadline = time.monotonic() + 90
         backlog = first_value(prometheus, INPUT_BACKLOG)
@@ -178,6 +181,18 @@ def test_prometheus_sees_a_throttled_client(
             time.sleep(0.5)
             backlog = first_value(prometheus, INPUT_BACKLOG)
         assert backlog == 0
+
+        def produce_requests() -> float:
+            value = metrics.registry.get_sample_value(QUOTA_REQUESTS, {"quota": "produce"})
+            return value or 0.0
+
+        # Every event read counts its requests once. The exporter is read directly: a scraped
+        # backlog of 0 may predate the last events.
+        requests_deadline = time.monotonic() + 60
+        while produce_requests() < sent_requests and time.monotonic() < requests_deadline:
+            assert query.isActive, query.exception()
+            time.sleep(0.25)
+        assert produce_requests() == sent_requests
         print(
             f"prometheus saw throttle {throttle} s, utilisation {utilisation} "
             f"({75 - found_at:.1f} s after the query started)"

@@ -110,11 +110,9 @@ def run_stages(
             if update.state is not None:  # the dead-letter group keeps none
                 states[shard] = update.state
             for record in update.rows.to_dict(orient="records"):
-                if record["row_type"] == TIMERS:
-                    continue
                 if record["row_type"] == USAGE:
                     latest[(record["quota"], record["entity"])] = record
-                else:
+                elif record["row_type"] == REJECT:
                     rejects.append(record)
     assert {r["reason"] for r in rejects} == {"invalid_json"}
     assert len(rejects) == 1

@@ -1,4 +1,4 @@
-"""Release timers for throttle decisions: expiry, replacement, operator release, encoding."""
+"""Release timers for throttle decisions: expiry, replacement, encoding."""
 
 from __future__ import annotations
 
@@ -6,13 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from state.throttle_timers import (
-    EXPIRED,
-    RELEASED,
-    SUPERSEDED,
-    ThrottleTimers,
-    TimersDecodeError,
-)
+from state.throttle_timers import EXPIRED, SUPERSEDED, ThrottleTimers, TimersDecodeError
 
 NOW = 1_700_000_000_000
 
@@ -79,14 +73,6 @@ def test_expiry_and_new_decision_in_one_step_report_the_decision() -> None:
     assert rows.loc["a", "until"] == NOW + 460
     assert rows.loc["a", "notice"] == EXPIRED
     assert timers.stats().pending == 1
-
-
-def test_operator_release() -> None:
-    timers = ThrottleTimers.empty(1, 20, NOW)
-    timers.step(NOW, decisions(("a", 500, NOW + 500), ("b", 500, NOW + 500)))
-    released = timers.release(pd.Index(["a", "unknown"]), NOW + 10)
-    assert notices(released) == {"a": (RELEASED, NOW + 10)}
-    assert notices(timers.step(NOW + 500, decisions())) == {"b": (EXPIRED, NOW + 500)}
 
 
 def test_encoding_round_trip_keeps_timers_and_payload() -> None:
