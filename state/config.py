@@ -168,8 +168,14 @@ class Enforcement(_Model):
 
     #: Off: every decision is reported as not enforced (KIP-13's global disable).
     enabled: StrictBool = True
-    #: Quota types whose decisions are computed and reported but marked not enforced.
-    shadow: frozenset[QuotaType] = frozenset()
+    #: Quota types whose decisions are computed and reported but marked not enforced. Written
+    #: sorted: equal configurations publish equal documents (a set's order follows the hash seed).
+    shadow: Annotated[
+        frozenset[QuotaType],
+        PlainSerializer(
+            lambda types: sorted(quota.value for quota in types), return_type=list[str]
+        ),
+    ] = frozenset()
 
 
 class QuotaConfig(_Model):

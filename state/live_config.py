@@ -136,7 +136,8 @@ def describe_change(change: Change) -> str:
         entity = client_entity_name(change.user, change.client_id)
         if isinstance(change, SetClientQuota):
             return f"set {entity}: " + ", ".join(f"{k}={v}" for k, v in change.values.items())
-        return f"delete {entity}: " + (", ".join(change.keys) if change.keys else "every key")
+        keys = "every key" if change.keys is None else ", ".join(change.keys) or "no key"
+        return f"delete {entity}: {keys}"
     if isinstance(change, SetBrokerQuota):
         settings = (f"{k}={'(removed)' if v is None else v}" for k, v in change.values.items())
         return f"set broker {change.broker}: " + ", ".join(settings)

@@ -2,10 +2,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 import yaml
@@ -28,6 +29,187 @@ if os.environ.get("QUOTASTREAM_HYPOTHESIS") == "explore":
     settings.load_profile("explore")
 elif os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+#: Each test file's layer, by what it tests (pyproject.toml's markers say what each one holds).
+#: A file missing here fails collection, so that every new file is given one.
+LAYERS: Final[Mapping[str, str]] = {
+    "test_config.py": "core",
+    "test_copy_fairness.py": "core",
+    "test_core.py": "core",
+    "test_events.py": "core",
+    "test_leader_epochs.py": "core",
+    "test_live_config.py": "core",
+    "test_quotas_file.py": "core",
+    "test_remote_log.py": "core",
+    "test_replay_kafka.py": "core",
+    "test_replication_plan.py": "core",
+    "test_resolution.py": "core",
+    "test_rolling.py": "core",
+    "test_throttle.py": "core",
+    "test_throttle_timers.py": "core",
+    "test_throttled_time.py": "core",
+    "test_timing_wheel.py": "core",
+    "test_agent_client.py": "agent",
+    "test_agent_live_config.py": "agent",
+    "test_outage_clock.py": "agent",
+    "test_redis_contract.py": "agent",
+    "test_admin_cli.py": "admin",
+    "test_cli.py": "admin",
+    "test_cli_help.py": "admin",
+    "test_failure_line.py": "admin",
+    "test_whatif.py": "admin",
+    "test_broker_faults.py": "engine",
+    "test_kafka_outage.py": "engine",
+    "test_kafka_source.py": "engine",
+    "test_metrics.py": "engine",
+    "test_offsets.py": "engine",
+    "test_outages.py": "engine",
+    "test_services.py": "engine",
+    "test_soak.py": "engine",
+    "test_stages.py": "engine",
+    "test_bad_config.py": "scenario",
+    "test_chaos.py": "scenario",
+    "test_prometheus.py": "scenario",
+    "test_run_command.py": "scenario",
+    "test_security.py": "scenario",
+    "test_streaming.py": "scenario",
+    "test_compose_topics.py": "project",
+    "test_docker_image.py": "project",
+    "test_docs_links.py": "project",
+    "test_hypothesis_profiles.py": "project",
+    "test_observability_config.py": "project",
+}
+
+SPARK: Final = "spark"
+SERVERS: Final = "servers"
+
+#: Fixtures that start Spark or server processes, by module and name (modules reuse names such
+#: as ``broker``): a test that uses one, directly or through another fixture, is marked.
+STARTED_BY_FIXTURE: Final[Mapping[str, str]] = {
+    "tests.conftest.spark": SPARK,
+    "tests.conftest.kafka": SERVERS,
+    "tests.conftest.redis_server": SERVERS,
+    "tests.test_agent_client.acl_server": SERVERS,
+    "tests.test_kafka_outage.broker": SERVERS,
+    "tests.test_kafka_source.broker": SERVERS,
+    "tests.test_outages.secured_redis": SERVERS,
+    "tests.test_redis_contract.server": SERVERS,
+    "tests.test_security.servers": SERVERS,
+}
+
+#: Tests that start servers or Spark themselves (``start_*`` in their body, or a ``quotastream``
+#: command run in a subprocess), which their fixtures cannot show: file -> tests.
+STARTS_SERVERS_ITSELF: Final[Mapping[str, tuple[str, ...]]] = {
+    "test_agent_client.py": (
+        "test_a_stopped_redis_fails_open_at_once_logs_once_and_recovers_on_the_same_port",
+        "test_a_hung_redis_answers_within_the_timeout_and_fail_closed_delays",
+    ),
+    "test_broker_faults.py": (
+        "test_offsets_lost_with_the_broker_fail_the_query_naming_them",
+        "test_offsets_lost_with_the_broker_are_counted_and_the_new_log_read_when_tolerated",
+        "test_a_source_that_never_met_the_broker_waits_one_request_timeout_per_trigger",
+        "test_a_broker_back_after_a_long_outage_is_noticed_within_a_second_or_two",
+        "test_a_durable_broker_killed_mid_stream_is_waited_out_and_every_record_decided_once",
+        "test_an_outage_longer_than_the_limit_fails_the_run_with_one_line",
+    ),
+    "test_chaos.py": (
+        "test_ten_sigkills_of_the_driver_lose_nothing_and_count_nothing_twice",
+        "test_a_standalone_cluster_loses_a_worker_mid_stream_and_loses_no_byte",
+    ),
+    "test_kafka_outage.py": (
+        "test_an_outage_is_never_taken_for_lost_offsets_but_a_log_lost_with_it_is_caught",
+    ),
+    "test_outages.py": (
+        "test_a_write_waits_out_an_outage_and_lands_soon_after_redis_returns",
+        "test_a_refused_login_is_not_retried",
+    ),
+    "test_prometheus.py": ("test_prometheus_sees_a_throttled_client",),
+    "test_run_command.py": (
+        "test_embedded_default_decides_throttles_quietly_and_cleans_up",
+        "test_live_view_in_a_terminal_and_ctrl_c_stops_cleanly",
+    ),
+    "test_services.py": (
+        "test_redis_starts_serves_and_stops",
+        "test_two_servers_get_different_ports",
+        "test_free_ports_are_outside_the_range_outgoing_connections_take",
+        "test_kafka_broker_starts_and_takes_records",
+    ),
+    "test_streaming.py": (
+        "test_a_redis_outage_stalls_the_query_and_every_event_is_decided_after_it",
+        "test_a_redis_outage_past_max_outage_fails_the_query_and_a_restart_resumes_exactly",
+    ),
+}
+STARTS_SPARK_ITSELF: Final[Mapping[str, tuple[str, ...]]] = {
+    "test_broker_faults.py": ("test_an_outage_longer_than_the_limit_fails_the_run_with_one_line",),
+    "test_chaos.py": (
+        "test_ten_sigkills_of_the_driver_lose_nothing_and_count_nothing_twice",
+        "test_a_standalone_cluster_loses_a_worker_mid_stream_and_loses_no_byte",
+    ),
+    "test_run_command.py": (
+        "test_embedded_default_decides_throttles_quietly_and_cleans_up",
+        "test_live_view_in_a_terminal_and_ctrl_c_stops_cleanly",
+    ),
+    "test_security.py": ("test_a_run_over_tls_as_the_engine_user_decides_and_writes_no_secret",),
+}
+STARTED_BY_TEST: Final = {SERVERS: STARTS_SERVERS_ITSELF, SPARK: STARTS_SPARK_ITSELF}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks each test with its file's layer, and with ``spark``/``servers`` if it starts them."""
+    tests = Path(__file__).parent
+    gone = sorted(name for name in LAYERS if not (tests / name).is_file())
+    if gone:
+        raise pytest.UsageError(f"tests/conftest.py LAYERS names files that do not exist: {gone}")
+    unplaced = sorted({item.path.name for item in items if item.path.name not in LAYERS})
+    if unplaced:
+        raise pytest.UsageError(
+            f"no layer for {', '.join(unplaced)}: add each to LAYERS in tests/conftest.py "
+            f"(one of {', '.join(sorted(set(LAYERS.values())))}; see the README's testing section)"
+        )
+    functions = [item for item in items if isinstance(item, pytest.Function)]
+    # A renamed test or fixture must not lose its marker unnoticed.
+    modules = {function.module.__name__: function.module for function in functions}
+    modules[__name__] = sys.modules[__name__]
+    named = [*STARTED_BY_FIXTURE] + [
+        f"tests.{file.removesuffix('.py')}.{test}"
+        for by_file in STARTED_BY_TEST.values()
+        for file, names in by_file.items()
+        for test in names
+    ]
+    stale = sorted(
+        name
+        for name in named
+        if name.rpartition(".")[0] in modules
+        and not hasattr(modules[name.rpartition(".")[0]], name.rpartition(".")[2])
+    )
+    if stale:
+        raise pytest.UsageError(
+            f"tests/conftest.py names tests or fixtures that do not exist: {stale}"
+        )
+    for item in items:
+        item.add_marker(LAYERS[item.path.name])
+    for function in functions:
+        for started in _started(function):
+            function.add_marker(started)
+
+
+def _started(test: pytest.Function) -> set[str]:
+    """What ``test`` starts itself or through its fixtures: ``spark`` and/or ``servers``."""
+    started = {
+        marker
+        for marker, by_file in STARTED_BY_TEST.items()
+        if test.originalname in by_file.get(test.path.name, ())
+    }
+    # The definition a test gets is the last one: a module's own fixture overrides conftest's.
+    fixtures = {
+        f"{definitions[-1].func.__module__}.{definitions[-1].func.__qualname__}"
+        for name, definitions in test._fixtureinfo.name2fixturedefs.items()
+        if name in test.fixturenames
+    }
+    return started | {
+        STARTED_BY_FIXTURE[fixture] for fixture in fixtures & STARTED_BY_FIXTURE.keys()
+    }
 
 
 @pytest.fixture(scope="session")
