@@ -15,29 +15,26 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from state.resolution import Sharing
+from state.quota_rules import ESCAPES, KEY_PARTS
 
 ObjectArray = npt.NDArray[np.object_]
 Int64Array = npt.NDArray[np.int64]
 
 CLUSTER = "cluster"
-_ESCAPES = (("%", "%25"), (",", "%2C"), ("=", "%3D"))  # "%" first, so escapes stay intact
 
 
 def escape(names: ObjectArray) -> pa.Array:
     escaped = pa.array(names, type=pa.string())
     if not pc.any(pc.match_substring_regex(escaped, "[%,=]")).as_py():
         return escaped  # the common case: nothing to escape
-    for raw, code in _ESCAPES:
+    for raw, code in ESCAPES:
         escaped = pc.replace_substring(escaped, raw, code)
     return escaped
 
 
 #: The parts of an entity key, in order, by kind of quota (``cluster`` is a part with no value).
 _CLIENT_SHAPES = tuple(
-    (*names, *scope)
-    for names in (("user", "client-id"), ("user",), ("client-id",))
-    for scope in ((), ("broker",))
+    (*names, *scope) for names in KEY_PARTS.values() for scope in ((), ("broker",))
 )
 _BROKER_SHAPES = (("broker",), (CLUSTER,))
 _PARTITION_SHAPES = tuple((*shape, "topic", "partition") for shape in _BROKER_SHAPES)
@@ -83,13 +80,17 @@ def client_keys(
     sharing: Int64Array, users: ObjectArray, clients: ObjectArray, brokers: Int64Array | None
 ) -> ObjectArray:
     """The usage-counter key of each client entity under its sharing rule."""
-    user, client = escape(users), escape(clients)
+    names = {"user": escape(users), "client-id": escape(clients)}
     by_sharing = {
-        Sharing.USER_AND_CLIENT: pc.binary_join_element_wise(
-            "user=", user, ",client-id=", client, ""
-        ),
-        Sharing.USER: pc.binary_join_element_wise("user=", user, ""),
-        Sharing.CLIENT: pc.binary_join_element_wise("client-id=", client, ""),
+        sharing: pc.binary_join_element_wise(
+            *(
+                piece
+                for position, part in enumerate(parts)
+                for piece in (("," if position else "") + part + "=", names[part])
+            ),
+            "",
+        )
+        for sharing, parts in KEY_PARTS.items()
     }
     order = sorted(by_sharing)
     choice = pa.array(np.searchsorted(np.array(order), sharing), type=pa.int8())

@@ -86,7 +86,8 @@ KEY_PARTS: Final = {
     Sharing.USER: ("user",),
     Sharing.CLIENT: ("client-id",),
 }
-_ESCAPES = (("%", "%25"), (",", "%2C"), ("=", "%3D"))  # "%" first, so escapes stay intact
+#: How names are percent-escaped in keys, so that a key always splits back into its parts.
+ESCAPES: Final = (("%", "%25"), (",", "%2C"), ("=", "%3D"))  # "%" first: escapes stay intact
 
 
 class _Kind(IntEnum):
@@ -203,7 +204,7 @@ def per_broker(config: QuotaConfig, quota_type: QuotaType) -> bool:
 
 def escape(name: str) -> str:
     """A name as an entity key holds it (percent-escaped, so the key splits back)."""
-    for raw, code in _ESCAPES:
+    for raw, code in ESCAPES:
         if raw in name:
             name = name.replace(raw, code)
     return name
