@@ -203,28 +203,20 @@ def _merged(
     for code, name in enumerate(names):
         first, end = fresh_start[code], fresh_start[code + 1]
         loaded_from = stored._rows_of(name, batch.column(_KEY).slice(first, end - first))
-        if keep[loaded_from[loaded_from >= 0]].any():
+        loaded = loaded_from >= 0
+        if keep[loaded_from[loaded]].any():
             raise ValueError(f"{name}: a kept row is also a working row")
-        placed[loaded_from[loaded_from >= 0]] = first + np.flatnonzero(loaded_from >= 0)
-        appended.append(first + np.flatnonzero(loaded_from < 0))
+        placed[loaded_from[loaded]] = first + np.flatnonzero(loaded)
+        appended.append(first + np.flatnonzero(~loaded))
     # Rows of the concatenation [batch, stored rows], table by table in ``names`` order.
     source = np.where(keep, len(batch) + np.arange(len(stored.clock)), placed)
     stored_code = code_of_stored[stored.table_code]
-    order = np.concatenate(
-        [
-            part
-            for code in range(len(names))
-            for part in (source[(stored_code == code) & (source >= 0)], appended[code])
-        ]
-        + [np.zeros(0, dtype=np.int64)]
-    )
-    codes = np.repeat(
-        np.arange(len(names), dtype=np.int8),
-        [
-            np.count_nonzero((stored_code == code) & (source >= 0)) + len(appended[code])
-            for code in range(len(names))
-        ],
-    )
+    tables = [
+        np.concatenate([source[(stored_code == code) & (source >= 0)], appended[code]])
+        for code in range(len(names))
+    ]
+    order = np.concatenate([np.zeros(0, dtype=np.int64), *tables])
+    codes = np.repeat(np.arange(len(names), dtype=np.int8), [len(rows) for rows in tables])
     copied = stored.batch.replace_schema_metadata(None)
     merged = pa.concat_batches([batch, copied]).take(pa.array(order))
     return merged.set_column(0, "table", pa.array(codes, pa.int8()))
