@@ -35,11 +35,11 @@ import redis
 from results import record  # bench/ is on sys.path when a script in it runs
 
 from quotastream import CachedQuotaClient, CacheSettings, QuotaClient
-from quotastream.keys import decision_key
+from quotastream.redis_contract import decision_key
 from state.config import parse_quota_config
 from streaming.services import start_redis
 from streaming.sinks import SinkSettings, write_batches
-from streaming.stages import DECISION_SCHEMA, USAGE
+from streaming.stages import DECISION, DECISION_SCHEMA
 
 PREFIX = "bench"
 BROKER = 1
@@ -53,7 +53,7 @@ WARMUP = 200
 def decision_row(entity: str, now_ms: int) -> dict[str, object]:
     """A throttled produce decision, as the engine's staging emits it."""
     return {
-        "row_type": USAGE,
+        "row_type": DECISION,
         "quota": "produce",
         "entity": entity,
         "ts": now_ms,

@@ -9,13 +9,16 @@ Agents that must not stall when Redis does use ``CachedQuotaClient`` (``docs/age
 """
 
 from quotastream.cache import Answer, CachedQuotaClient, CacheSettings, FailurePolicy, Source
-from quotastream.client import Decision, QuotaClient, RemoteLog
+from quotastream.client import QuotaClient
+from quotastream.redis_contract import CorruptValueError, Decision
+from state.remote_log_view import RemoteLog
 from state.timer_stats import TimerStats
 
 __all__ = [
     "Answer",
     "CacheSettings",
     "CachedQuotaClient",
+    "CorruptValueError",
     "Decision",
     "FailurePolicy",
     "QuotaClient",

@@ -34,8 +34,9 @@ from typing import Any
 import redis
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from quotastream.client import CorruptValueError, Decision, QuotaClient
+from quotastream.client import QuotaClient
 from quotastream.outage import Outage
+from quotastream.redis_contract import CorruptValueError, Decision
 from state.config import QuotaConfig
 
 log = logging.getLogger(__name__)

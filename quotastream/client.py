@@ -2,93 +2,37 @@
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar, cast
+from dataclasses import dataclass, fields
+from typing import Any, cast
 
 import msgspec
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from quotastream.keys import (
+from quotastream.published_config import PublishedConfig, PublishedVersion
+from quotastream.redis_contract import (
+    CorruptValueError,
+    Decision,
     decision_key,
     decision_patterns,
+    decode_decision,
+    decode_remote_log,
+    decode_timer_counts,
+    decoded,
     live_config_key,
     live_config_version_key,
     release_channel,
     remote_log_key,
     timers_key,
 )
-from quotastream.published_config import PublishedConfig, PublishedVersion
 from state.config import QuotaConfig, parse_quota_config
 from state.configfile import ConfigError
-from state.leader_epochs import breach
 from state.quota_rules import QuotaRules
 from state.quota_types import CLIENT_QUOTA_TYPES, QuotaType
+from state.remote_log_view import RemoteLog
 from state.timer_stats import TimerStats
-
-
-class CorruptValueError(ValueError):
-    """A key holds a value the engine does not write there: corrupt, or written by something
-    else. Agents treat it as a failed read (``docs/agents.md``)."""
-
-    def __init__(self, key: str, problem: str) -> None:
-        super().__init__(f"{key} does not hold a quotastream value: {problem}")
-        self.key = key
-        self.problem = problem
-
-
-@dataclass(frozen=True)
-class Decision:
-    quota: str
-    entity: str
-    throttle_ms: int  # as decided, at decided_at
-    until: int  # epoch ms when the throttle ends (decided_at + throttle_ms)
-    rate: float
-    limit: float | None
-    exceeded: bool
-    window_ms: int
-    decided_at: int
-    #: Whether the decision binds. A shadow, exempt or disabled decision (``mode``) reports what
-    #: would apply and never delays anyone.
-    enforced: bool = True
-    mode: str = "enforced"
-    #: The live configuration version the decision was made with.
-    config_version: int = 0
-    #: When the engine released the throttle (its timer fired, a newer decision or an operator
-    #: ended it); None while it is pending, or when there was none.
-    released_at: int | None = None
-
-    @staticmethod
-    def from_json(key: str, quota: str, entity: str, raw: bytes) -> Decision:
-        """The decision stored at ``key`` for (``quota``, ``entity``); fields the engine may add
-        later are ignored, a missing or mistyped one raises :class:`CorruptValueError`."""
-        try:
-            decision = _DECISION.decode(raw)
-        except msgspec.MsgspecError as exc:
-            raise CorruptValueError(key, str(exc)) from None
-        if (decision.quota, decision.entity) != (quota, entity):
-            raise CorruptValueError(
-                key, f"it is the decision of {decision.quota} {decision.entity!r}"
-            )
-        return decision
-
-    def throttle_ms_now(self, now_ms: int | None = None) -> int:
-        """How long the entity is still throttled, from now (0 for a decision not enforced)."""
-        now = int(time.time() * 1000) if now_ms is None else now_ms
-        return remaining_throttle_ms(self.until, self.released_at, self.enforced, now)
-
-
-_DECISION = msgspec.json.Decoder(Decision)
-
-
-def remaining_throttle_ms(until: int, released_at: int | None, enforced: bool, now_ms: int) -> int:
-    """How long a decision still throttles at ``now_ms``: 0 once released, or if not enforced."""
-    if released_at is not None or not enforced:
-        return 0
-    return max(until - now_ms, 0)
 
 
 def decision_keys(client: redis.Redis, prefix: str) -> list[bytes]:
@@ -101,52 +45,6 @@ def decision_keys(client: redis.Redis, prefix: str) -> list[bytes]:
 
 
 @dataclass(frozen=True)
-class RemoteLog:
-    """A partition's remote log (KIP-852), as the engine last wrote it."""
-
-    topic: str
-    partition: int
-    total: int  # RemoteLogSizeBytes: bytes in remote storage, all leader epochs
-    epochs: dict[int, int]  # leader epoch -> bytes of the segments listed under it
-    segments: list[tuple[str, int, int]]  # (segment id, leader epoch, bytes), oldest copy first
-    #: The size retention counts: within the reported lineage (all live segments without one).
-    retention_bytes: int = 0
-    #: The cleaner's walk: (segment id, bytes, within the lineage), in order.
-    retention_walk: list[tuple[str, int, bool]] = field(default_factory=list)
-    #: The lineage the broker last reported: (leader epoch, first offset), or None.
-    lineage: list[tuple[int, int]] | None = None
-
-    def size(self, leader_epoch: int) -> int:
-        """``remoteLogSize(partition, leaderEpoch)``: 0 for an epoch with no remote segments."""
-        return self.epochs.get(leader_epoch, 0)
-
-    def retention_breach(self, retention_bytes: int, local_only_bytes: int) -> list[str]:
-        """The segments size-based retention deletes, in order (Kafka's walk)."""
-        return breach(self.retention_walk, self.retention_bytes, local_only_bytes, retention_bytes)
-
-    @staticmethod
-    def of(document: dict[str, Any]) -> RemoteLog:
-        """From the engine's document (one written before lineages counts every segment)."""
-        segments = [(str(s), int(e), int(b)) for s, e, b in document["segments"]]
-        retention = document.get("retention") or {
-            "lineage": None,
-            "bytes": document["total"],
-            "walk": [[segment, size, True] for segment, _, size in segments],
-        }
-        lineage = retention["lineage"]
-        return RemoteLog(
-            str(document["topic"]),
-            int(document["partition"]),
-            int(document["total"]),
-            {int(epoch): int(size) for epoch, size in document["epochs"].items()},
-            segments,
-            int(retention["bytes"]),
-            [(str(s), int(b), bool(w)) for s, b, w in retention["walk"]],
-            None if lineage is None else [(int(e), int(o)) for e, o in lineage],
-        )
-
-
-@dataclass(frozen=True)
 class _Resolver:
     """What clients are resolved with: a quota configuration, and where it came from."""
 
@@ -155,7 +53,6 @@ class _Resolver:
     published: PublishedVersion | None = None
 
 
-_T = TypeVar("_T")
 _PUBLISHED_VERSION = msgspec.json.Decoder(PublishedVersion)
 _PUBLISHED_CONFIG = msgspec.json.Decoder(PublishedConfig)
 
@@ -234,19 +131,16 @@ class QuotaClient:
         key = remote_log_key(self._prefix, topic, partition)
         raw = self._redis.get(key)
         if raw is None:
-            return RemoteLog(topic, partition, 0, {}, [])
-        assert isinstance(raw, bytes)
-        try:
-            return RemoteLog.of(msgspec.json.decode(raw))
-        except (msgspec.MsgspecError, LookupError, TypeError, ValueError, AttributeError) as exc:
-            raise CorruptValueError(key, f"{type(exc).__name__}: {exc}") from None
+            return RemoteLog(topic, partition, 0)
+        return decode_remote_log(key, raw)
 
     def timer_counts(self) -> TimerStats:
         """Throttle timers summed over the engine's shards (as each last reported)."""
-        per_shard = cast(dict[bytes, bytes], self._redis.hgetall(timers_key(self._prefix)))
-        reports = [json.loads(raw) for raw in per_shard.values()]
+        key = timers_key(self._prefix)
+        per_shard = cast(dict[bytes, bytes], self._redis.hgetall(key))
+        reports = [decode_timer_counts(key, raw) for raw in per_shard.values()]
         return TimerStats(
-            **{f.name: sum(int(r[f.name]) for r in reports) for f in fields(TimerStats)}
+            **{f.name: sum(getattr(r, f.name) for r in reports) for f in fields(TimerStats)}
         )
 
     def for_client(self, quota: str, user: str, client_id: str, broker: int) -> Decision | None:
@@ -289,7 +183,7 @@ class QuotaClient:
             self._resolver = self._static
             return current is not self._static
         version_key = live_config_version_key(self._prefix)
-        published = _decoded(_PUBLISHED_VERSION, version_key, published_version)
+        published = decoded(_PUBLISHED_VERSION, version_key, published_version)
         if published == current.published:
             return False
         document_key = live_config_key(self._prefix)
@@ -297,7 +191,7 @@ class QuotaClient:
         if raw is None:  # gone since (evicted, flushed): as if nothing were published
             self._resolver = self._static
             return current is not self._static
-        document = _decoded(_PUBLISHED_CONFIG, document_key, raw)
+        document = decoded(_PUBLISHED_CONFIG, document_key, raw)
         try:
             config = parse_quota_config(document.config, document_key)
         except ConfigError as exc:
@@ -332,12 +226,4 @@ def _decision(key: str, quota: str, entity: str, raw: object) -> Decision | None
     if raw is None:
         return None
     assert isinstance(raw, bytes)
-    return Decision.from_json(key, quota, entity, raw)
-
-
-def _decoded(decoder: msgspec.json.Decoder[_T], key: str, raw: object) -> _T:
-    assert isinstance(raw, bytes)
-    try:
-        return decoder.decode(raw)
-    except msgspec.MsgspecError as exc:
-        raise CorruptValueError(key, str(exc)) from None
+    return decode_decision(key, raw, (quota, entity))

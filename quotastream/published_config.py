@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 import redis
 
-from quotastream.keys import live_config_key, live_config_version_key
+from quotastream.redis_contract import live_config_key, live_config_version_key
 from state.live_config import LiveConfig, config_document
 
 

@@ -34,6 +34,7 @@ from state.core import QuotaCore
 from state.live_config import Mode
 from state.quota_types import QuotaType
 from state.remote_log import EVENT_COLUMNS, RemoteLogSizes
+from state.remote_log_view import RemoteLog, RetentionView
 from state.throttle_timers import ThrottleTimers
 from state.timer_stats import TimerStats
 from state.timing_wheel import KAFKA_TICK_MS, KAFKA_WHEEL_SIZE
@@ -94,8 +95,8 @@ class ShardStep:
     #: (``released_at``, ``notice``), as :meth:`ThrottleTimers.step` reports them.
     decisions: pd.DataFrame
     timers: TimerStats
-    #: Per partition whose remote log sizes changed: topic, partition, and its document
-    #: (:func:`remote_log_document`), or None when its last segment is gone.
+    #: Per partition whose remote log sizes changed: topic, partition, and ``remote_log`` (its
+    #: :class:`~state.remote_log_view.RemoteLog`, or None when its last segment is gone).
     remote_logs: pd.DataFrame
     #: When the earliest pending timer bucket is due (None: no timers).
     wake_at_ms: int | None
@@ -216,14 +217,14 @@ _EMPTY_DTYPES: dict[str, Any] = {
     "exceeded": bool,
     "mode": object,
 }
-_NO_REMOTE_LOGS = pd.DataFrame({"topic": [], "partition": [], "document": []})
+_NO_REMOTE_LOGS = pd.DataFrame({"topic": [], "partition": [], "remote_log": []})
 
 
 def _remote_logs(sizes: RemoteLogSizes, segments: pd.DataFrame) -> pd.DataFrame:
     """Applies segment events; one row per partition whose sizes changed."""
     changed = sizes.apply(segments.reset_index(drop=True))
-    documents = [
-        remote_log_document(sizes, topic, int(partition)) if live else None
+    remote_logs = [
+        remote_log_of(sizes, topic, int(partition)) if live else None
         for topic, partition, live in zip(
             changed["topic"], changed["partition"], changed["live_segments"], strict=True
         )
@@ -232,39 +233,36 @@ def _remote_logs(sizes: RemoteLogSizes, segments: pd.DataFrame) -> pd.DataFrame:
         {
             "topic": changed["topic"].to_numpy(dtype=object),
             "partition": changed["partition"].to_numpy(dtype=np.int64),
-            "document": documents,
+            "remote_log": remote_logs,
         }
     )
 
 
-def remote_log_document(sizes: RemoteLogSizes, topic: str, partition: int) -> dict[str, Any]:
-    """What readers of a partition's remote log key get (``docs/redis.md``)."""
+def remote_log_of(sizes: RemoteLogSizes, topic: str, partition: int) -> RemoteLog:
+    """The partition's remote log now (``total`` 0 and no segments once its last one is gone)."""
     live = sizes.live_segments(topic, partition)
     reported = sizes.lineage(topic, partition)
     retention = sizes.retention(topic, partition)
-    return {
-        "topic": topic,
-        "partition": partition,
-        # RemoteLogSizeBytes: every segment the metadata lists.
-        "total": sizes.partition_total(topic, partition),
-        "epochs": {str(epoch): size for epoch, size in sizes.epoch_sizes(topic, partition).items()},
-        # Oldest copy first.
-        "segments": [
-            [str(segment), int(epoch), int(size)]
+    return RemoteLog(
+        topic,
+        partition,
+        sizes.partition_total(topic, partition),
+        sizes.epoch_sizes(topic, partition),
+        [
+            (str(segment), int(epoch), int(size))
             for segment, epoch, size in zip(
                 live["segment_id"], live["leader_epoch"], live["bytes"], strict=True
             )
         ],
-        "retention": {
-            "lineage": None if reported is None else [list(entry) for entry in reported[1]],
-            "log_end_offset": None if reported is None else reported[0],
-            # buildRetentionSizeData's remote size, and the cleaner's walk over the segments.
-            "bytes": retention.size,
-            "walk": [
-                [segment.segment_id, segment.size, within] for segment, within in retention.order
+        RetentionView(
+            lineage=None if reported is None else [(int(e), int(o)) for e, o in reported[1]],
+            log_end_offset=None if reported is None else int(reported[0]),
+            bytes=retention.size,
+            walk=[
+                (segment.segment_id, segment.size, within) for segment, within in retention.order
             ],
-        },
-    }
+        ),
+    )
 
 
 def timer_counts(stats: TimerStats) -> dict[str, int]:

@@ -35,8 +35,8 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from state.config import QuotaConfig
 from state.shard import ShardState
 from streaming.config_log import ConfigLog, ConfigSource
+from streaming.exporter import EngineMetrics
 from streaming.kafka_source import engine_source
-from streaming.metrics import EngineMetrics
 from streaming.settings import EngineSettings, KafkaSettings
 from streaming.sinks import WRITE_COUNTS, WRITE_SUMMARY, SinkSettings, write_batches
 from streaming.stages import (

@@ -30,9 +30,9 @@ from rich.markup import escape
 from quotastream.outage import first_line
 from state.config import load_quota_config
 from streaming.exit_codes import EXIT_FAILURE, EXIT_OK
+from streaming.exporter import EngineMetrics
 from streaming.job import GracefulStop, local_spark, start_query
 from streaming.live_view import snapshot
-from streaming.metrics import EngineMetrics
 from streaming.preflight import check_servers
 from streaming.redaction import redact_logs
 from streaming.services import start_kafka, start_redis

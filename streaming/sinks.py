@@ -20,7 +20,6 @@ from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Any
 
-import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,16 +28,25 @@ from kafka import KafkaProducer
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
-from quotastream.keys import decision_key, release_channel, remote_log_key, timers_key
 from quotastream.outage import Outage
 from quotastream.published_config import publish_arguments
+from quotastream.redis_contract import (
+    Decision,
+    ReleaseNotice,
+    decision_key,
+    encode,
+    release_channel,
+    remote_log_key,
+    timer_counts_value,
+    timers_key,
+)
 from state.events import dead_letter_record
 from state.live_config import ConfigVersions, LiveConfig, Mode
 from state.timer_stats import TimerStats
+from streaming.batch_summary import SUMMARY_SCHEMA, BatchSummary, SummaryRequest
 from streaming.kafka_clients import RECONNECT_BACKOFF_MAX_MS, kafka_outage, ride_out
-from streaming.metrics import SUMMARY_SCHEMA, BatchSummary, SummaryRequest
 from streaming.settings import EngineSettings
-from streaming.stages import REJECT, REMOTE_LOG, TIMERS, USAGE
+from streaming.stages import DECISION, REJECT, REMOTE_LOG, TIMERS
 
 log = logging.getLogger(__name__)
 
@@ -92,38 +100,16 @@ class SinkSettings:
         return SinkSettings(redis={"host": host, "port": port}, **options)
 
 
-class DecisionValue(msgspec.Struct):
-    """What an enforcement point reads for one (quota, entity), in this field order."""
-
-    quota: str
-    entity: str
-    throttle_ms: int
-    until: int
-    rate: float
-    limit: float | None  # None: unlimited
-    exceeded: bool
-    window_ms: int
-    decided_at: int
-    # Only an enforced decision binds; shadow, exempt and disabled ones are reports.
-    enforced: bool
-    mode: str
-    config_version: int
-    released_at: int | None
-
-
-_ENCODE = msgspec.json.Encoder().encode
-
-
 def decision_values(decisions: pa.RecordBatch) -> list[bytes]:
-    """Each decision row's value (JSON), built column by column."""
-    limit = decisions.column("limit")
+    """Each decision row's value (:class:`~quotastream.redis_contract.Decision`), built column
+    by column: a batch may hold every entity of a shard."""
     columns = [
         decisions.column("quota"),
         decisions.column("entity"),
         decisions.column("throttle_ms"),
         decisions.column("until"),
         decisions.column("rate"),
-        pc.if_else(pc.is_nan(limit), pa.scalar(None, pa.float64()), limit),
+        decisions.column("limit"),  # null: unlimited
         decisions.column("exceeded"),
         decisions.column("window_ms"),
         decisions.column("ts"),
@@ -132,19 +118,14 @@ def decision_values(decisions: pa.RecordBatch) -> list[bytes]:
         decisions.column("config_version"),
         decisions.column("released_at"),
     ]
-    values = map(DecisionValue, *(column.to_pylist() for column in columns))
-    return list(map(_ENCODE, values))
+    return list(map(encode, map(Decision, *(column.to_pylist() for column in columns))))
 
 
-def release_notice(row: dict[str, Any]) -> dict[str, Any]:
-    """What subscribers of :func:`release_channel` receive."""
-    return {
-        "quota": row["quota"],
-        "entity": row["entity"],
-        "reason": row["notice"],
-        "released_at": row["released_at"],
-        "until": int(row["until"]),
-    }
+def release_notice(row: dict[str, Any]) -> ReleaseNotice:
+    """The notice of a decision row that ended a pending throttle (``notice`` set)."""
+    return ReleaseNotice(
+        row["quota"], row["entity"], row["notice"], row["released_at"], int(row["until"])
+    )
 
 
 #: Sets many keys, each with its own expiry, in one command: redis-py spends more per pipelined
@@ -160,16 +141,17 @@ _KEYS_PER_SET_EACH = 1_000
 Command = tuple[str, tuple[Any, ...], dict[str, Any]]
 
 
-def decision_commands(decisions: pa.RecordBatch, settings: SinkSettings, now: int) -> list[Command]:
-    """The Redis commands that write ``decisions`` (each kept until its throttle ends, and at
-    least ``keep_ms``) and announce the throttles that ended."""
+def decision_commands(
+    decisions: pa.RecordBatch, values: list[bytes], settings: SinkSettings, now: int
+) -> list[Command]:
+    """The Redis commands that write ``decisions`` (their ``values``; each kept until its
+    throttle ends, and at least ``keep_ms``) and announce the throttles that ended."""
     prefix = settings.key_prefix
     quota = decisions.column("quota").to_pylist()
     entity = decisions.column("entity").to_pylist()
     keys = list(map(partial(decision_key, prefix), quota, entity))
     until = decisions.column("until").to_numpy(zero_copy_only=False)
     expire_at = np.maximum(until, now + settings.keep_ms).tolist()
-    values = decision_values(decisions)
     commands: list[Command] = []
     for first in range(0, len(keys), _KEYS_PER_SET_EACH):
         last = first + _KEYS_PER_SET_EACH
@@ -180,7 +162,7 @@ def decision_commands(decisions: pa.RecordBatch, settings: SinkSettings, now: in
     ended = pc.is_valid(decisions.column("notice"))
     for row in decisions.filter(ended).to_pylist():
         channel = release_channel(prefix, row["quota"], row["entity"])
-        commands.append(("publish", (channel, _json(release_notice(row))), {}))
+        commands.append(("publish", (channel, encode(release_notice(row))), {}))
     return commands
 
 
@@ -218,15 +200,16 @@ def write_batches(
     """Writes one partition of a micro-batch's output; yields how many rows went where.
 
     With a ``summary`` request, yields instead a bounded summary of what was written for the
-    metrics (:data:`WRITE_SUMMARY`, ``streaming/metrics.py``), with the failed Redis attempts.
+    metrics (:data:`WRITE_SUMMARY`, ``streaming/batch_summary.py``), with the failed Redis attempts.
     """
     client = redis_client(settings)
     for batch in batches:
         now = int(time.time() * 1000)
         report = BatchSummary(summary, now) if summary is not None else None
-        is_decision = pc.equal(batch.column("row_type"), USAGE)
+        is_decision = pc.equal(batch.column("row_type"), DECISION)
         decisions = batch.filter(is_decision)
-        commands = decision_commands(decisions, settings, now)
+        values = decision_values(decisions)
+        commands = decision_commands(decisions, values, settings, now)
         live = config_to_publish(decisions, settings, now)
         if live is not None:
             # First: an agent that reads a decision made with it can read it too.
@@ -243,16 +226,20 @@ def write_batches(
                 else:
                     commands.append(("delete", (key,), {}))
             elif row["row_type"] == TIMERS:
-                counts = {f.name: row[f"timers_{f.name}"] for f in fields(TimerStats)}
+                counts = TimerStats(**{f.name: row[f"timers_{f.name}"] for f in fields(TimerStats)})
                 commands.append(
-                    ("hset", (timers_key(prefix), str(row["shard"]), _json(counts)), {})
+                    (
+                        "hset",
+                        (timers_key(prefix), str(row["shard"]), timer_counts_value(counts)),
+                        {},
+                    )
                 )
             elif row["row_type"] == REJECT:
                 dead_letters.append(_dead_letter(row))
             if report is not None:
                 report.add_other(row)
         if report is not None:
-            report.decisions_of(decisions)
+            report.decisions_of(decisions, values)
         failures = execute_with_retry(client, commands, settings)
         if live is not None:
             _PUBLISHED[(settings.key_prefix, settings.run)] = (live.version, now)
@@ -320,10 +307,6 @@ def _is_outage(error: Exception) -> bool:
 
 def _endpoint(settings: SinkSettings) -> str:
     return f"{settings.redis.get('host')}:{settings.redis.get('port')}"
-
-
-def _json(value: dict[str, Any]) -> str:
-    return json.dumps(value, separators=(",", ":"))
 
 
 def _dead_letter(row: dict[str, Any]) -> bytes:

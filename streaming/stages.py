@@ -30,6 +30,7 @@ import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 
+from quotastream.redis_contract import remote_log_value
 from state.config import QuotaConfig
 from state.core import QuotaCore
 from state.events import EventBounds, EventKind, parse_events
@@ -41,7 +42,8 @@ from state.shard import USAGE_COLUMNS, Shard, ShardSettings, ShardState, timer_c
 from state.timing_wheel import KAFKA_TICK_MS, KAFKA_WHEEL_SIZE
 from streaming.settings import EngineSettings
 
-USAGE = "usage"
+USAGE = "usage"  # a client's or broker's traffic, on its way to its shard
+DECISION = "decision"  # an entity's latest decision (or the release of its throttle)
 REJECT = "reject"
 SEGMENT = "segment"  # a remote segment lifecycle event (KIP-852), on its way to its shard
 REMOTE_LOG = "remote_log"  # a partition's remote log sizes, after a batch changed them
@@ -378,7 +380,10 @@ DECISION_SCHEMA = pa.schema(
         ("payload", pa.binary()),
         ("reason", pa.string()),
         ("detail", pa.string()),
-        ("remote_log", pa.string()),  # remote_log rows: the partition's sizes (JSON); null: none
+        # remote_log rows: the partition's Redis value (quotastream.redis_contract), null once it
+        # has no segments; and its total (RemoteLogSizeBytes, 0 then).
+        ("remote_log", pa.binary()),
+        ("remote_log_bytes", pa.int64()),
         ("requests", pa.int64()),  # requests rows (with quota)
     ]
 )
@@ -467,18 +472,14 @@ def update_shard(
     )
     remote_logs = step.remote_logs
     # None: the partition's last segment is gone, and so is its key.
-    documents = np.array(
-        [
-            None if document is None else json.dumps(document, separators=(",", ":"))
-            for document in remote_logs["document"]
-        ],
-        dtype=object,
-    )
+    logs = remote_logs["remote_log"].tolist()
+    values = np.array([None if log is None else remote_log_value(log) for log in logs], object)
+    totals = np.array([0 if log is None else log.total for log in logs], np.int64)
     parts = [
-        step.decisions.assign(row_type=USAGE),
+        step.decisions.assign(row_type=DECISION),
         counts,
         _requests(usage),
-        remote_logs.drop(columns="document").assign(row_type=REMOTE_LOG, remote_log=documents),
+        remote_logs.assign(row_type=REMOTE_LOG, remote_log=values, remote_log_bytes=totals),
         rejects,
     ]
     return ShardUpdate(step.state, _decision_rows(parts), step.wake_at_ms)

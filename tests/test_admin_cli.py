@@ -22,7 +22,7 @@ from streaming.config_log import ConfigLog
 from streaming.exit_codes import EXIT_FAILURE, EXIT_UNREACHABLE
 from streaming.services import LocalService, free_port
 from streaming.sinks import SinkSettings, write_batches
-from streaming.stages import DECISION_SCHEMA, USAGE
+from streaming.stages import DECISION, DECISION_SCHEMA
 
 QUOTAS: dict[str, Any] = {
     "clients": [
@@ -686,7 +686,7 @@ def test_a_missing_required_option_is_a_usage_error(cli: Cli) -> None:
 def write_decision(redis_server: LocalService, prefix: str, entity: str, **row: Any) -> int:
     now = int(time.time() * 1000)
     values = {
-        "row_type": USAGE,
+        "row_type": DECISION,
         "quota": "produce",
         "entity": entity,
         "ts": now,

@@ -32,7 +32,7 @@ from quotastream.acl import (
     set_user,
     setuser_command,
 )
-from quotastream.keys import live_config_key, live_config_version_key, release_channel
+from quotastream.redis_contract import live_config_key, live_config_version_key, release_channel
 from state.live_config import ConfigVersions, LiveConfigs, SetClientQuota, encode_change
 from streaming.exit_codes import EXIT_USAGE
 from streaming.services import LocalService, start_redis

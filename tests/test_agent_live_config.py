@@ -17,8 +17,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from quotastream import Answer, CachedQuotaClient, CacheSettings, Decision, QuotaClient, Source
-from quotastream.keys import live_config_key, live_config_version_key
 from quotastream.published_config import publish
+from quotastream.redis_contract import live_config_key, live_config_version_key
 from state.config import parse_quota_config
 from state.live_config import (
     LiveConfig,

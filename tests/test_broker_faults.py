@@ -30,10 +30,11 @@ from pyspark.sql.streaming.query import StreamingQuery
 from quotastream import QuotaClient
 from quotastream.outage import OutageStatus
 from state.config import parse_quota_config
+from streaming.exporter import EngineMetrics
 from streaming.job import start_query
 from streaming.kafka_clients import RECONNECT_BACKOFF_MAX_MS
 from streaming.kafka_source import KafkaStreamReader
-from streaming.metrics import KAFKA_OUTAGE, KAFKA_OUTAGES, SOURCE_DATA_LOSS, EngineMetrics
+from streaming.metric_names import KAFKA_OUTAGE, KAFKA_OUTAGES, SOURCE_DATA_LOSS
 from streaming.offsets import SourceOptions
 from streaming.services import LocalService, start_kafka, start_object_store
 from streaming.source_status import read_status

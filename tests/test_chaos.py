@@ -34,7 +34,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from pyspark.sql import SparkSession
 
 from quotastream.client import decision_keys
-from quotastream.keys import decision_key
+from quotastream.redis_contract import decision_key
 from state.config import QuotaConfig, load_quota_config
 from state.core import QuotaCore
 from state.events import parse_events
@@ -45,8 +45,8 @@ from streaming.services import LocalService, start_spark_cluster
 from streaming.settings import EngineSettings, load_engine_settings
 from streaming.sinks import decision_values
 from streaming.stages import (
+    DECISION,
     STAGE_SCHEMA,
-    USAGE,
     KafkaRecords,
     StageSettings,
     group_rows,
@@ -223,7 +223,7 @@ class UnkilledRun:
             if update.state is not None:
                 self.states[int(shard)] = update.state
             for part in update.batches():
-                decisions = part.filter(pc.equal(part.column("row_type"), USAGE))
+                decisions = part.filter(pc.equal(part.column("row_type"), DECISION))
                 for value in map(json.loads, decision_values(decisions)):
                     key = decision_key(self.prefix, value["quota"], value["entity"])
                     if self.stored.get(key) != value:

@@ -22,9 +22,10 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 from quotastream.outage import OutageError
 from state.live_config import SetEnforcement, encode_change
 from streaming.config_log import ConfigLog, ConfigLogError
+from streaming.exporter import EngineMetrics
 from streaming.kafka_clients import is_outage
 from streaming.kafka_source import DataLossError, KafkaStreamReader
-from streaming.metrics import KAFKA_OUTAGE, KAFKA_OUTAGES, EngineMetrics
+from streaming.metric_names import KAFKA_OUTAGE, KAFKA_OUTAGES
 from streaming.services import LocalService, start_kafka
 from streaming.sinks import SinkSettings, send_dead_letters
 from streaming.source_status import read_status

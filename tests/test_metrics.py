@@ -13,25 +13,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from quotastream.redis_contract import Decision, decode_decision
 from state.config import parse_quota_config
 from state.configfile import ConfigError
 from state.events import EventBounds
-from streaming import metrics as names
-from streaming.metrics import (
-    METRICS,
-    BatchSummary,
-    EngineMetrics,
-    EntityDecision,
-    KafkaEnds,
-    MetricsState,
-    SummaryRequest,
-)
+from streaming import metric_names as names
+from streaming.batch_summary import BatchSummary, SummaryRequest
+from streaming.exported_entities import ExportedEntities
+from streaming.exporter import EngineMetrics, KafkaEnds
+from streaming.metric_names import METRICS
 from streaming.services import LocalService
 from streaming.settings import EngineSettings, load_engine_settings
+from streaming.sinks import decision_values
 from streaming.stages import (
+    DECISION,
     DECISION_SCHEMA,
     STAGE_SCHEMA,
-    USAGE,
     KafkaRecords,
     StageSettings,
     staged_batches,
@@ -61,17 +58,20 @@ def decision(
     released_at: int | None = None,
     mode: str = "enforced",
     ts: int = NOW,
-) -> EntityDecision:
-    return EntityDecision(
+) -> Decision:
+    return Decision(
         quota=quota,
         entity=entity,
-        rate=rate,
-        limit=limit,
         throttle_ms=throttle_ms,
         until=ts + throttle_ms if until is None else until,
-        released_at=released_at,
+        rate=rate,
+        limit=limit,
+        exceeded=limit is not None and rate > limit,
+        window_ms=11_000,
+        decided_at=ts,
+        enforced=mode == "enforced",
         mode=mode,
-        ts=ts,
+        released_at=released_at,
     )
 
 
@@ -100,7 +100,7 @@ def per_entity(text: str, name: str) -> dict[tuple[str, str], float]:
 
 
 def test_the_exported_set_is_bounded_by_top_k_per_quota_plus_the_throttled() -> None:
-    state = MetricsState(top_k=10)
+    state = ExportedEntities(top_k=10)
     quiet = [decision(f"user=u{i},broker=1", rate=float(i % 900)) for i in range(10_000)]
     fetches = [decision(f"user=u{i},broker=1", rate=float(i), quota="fetch") for i in range(10_000)]
     throttled = [
@@ -136,7 +136,7 @@ def test_entities_leaving_the_set_disappear_from_the_exposition() -> None:
 
 
 def test_a_released_throttle_leaves_the_set_and_its_throttle_time_is_zero_meanwhile() -> None:
-    state = MetricsState(top_k=0)
+    state = ExportedEntities(top_k=0)
     pending = decision("user=slow", 5000.0, throttle_ms=8000)
     state.fold([pending], NOW)
     assert state.throttled(NOW)["produce"] == 1
@@ -174,7 +174,7 @@ def test_shadow_and_released_decisions_are_not_throttled() -> None:
 
 
 def test_entities_not_decided_for_keep_ms_are_forgotten_unless_throttled() -> None:
-    state = MetricsState(top_k=10, keep_ms=30_000)
+    state = ExportedEntities(top_k=10, keep_ms=30_000)
     state.fold([decision("user=old", 10.0), decision("user=held", 9000.0, throttle_ms=60_000)], NOW)
     state.fold([decision("user=new", 5.0)], NOW + 31_000)
     assert {entity for _, entity in state.entities} == {"user=held", "user=new"}
@@ -183,7 +183,7 @@ def test_entities_not_decided_for_keep_ms_are_forgotten_unless_throttled() -> No
 def decision_row(entity: str, rate: float, **overrides: Any) -> dict[str, Any]:
     row = dict.fromkeys(DECISION_SCHEMA.names)
     row.update(
-        row_type="usage",
+        row_type="decision",
         quota="produce",
         entity=entity,
         ts=NOW,
@@ -205,8 +205,9 @@ def writer_summary(
 ) -> list[dict[str, Any]]:
     """What ``write_batches`` returns for one written batch, without Redis: its summary rows."""
     summary = BatchSummary(request, written_at)
-    is_decision = pc.equal(written.column("row_type"), USAGE)
-    summary.decisions_of(written.filter(is_decision))
+    is_decision = pc.equal(written.column("row_type"), DECISION)
+    decisions = written.filter(is_decision)
+    summary.decisions_of(decisions, decision_values(decisions))
     for row in written.filter(pc.invert(is_decision)).to_pylist():
         summary.add_other(row)
     rows: list[dict[str, Any]] = summary.batch().to_pylist()
@@ -226,7 +227,7 @@ def test_a_writer_summary_keeps_top_k_throttled_and_tracked_rows_only() -> None:
     )
     written = pa.RecordBatch.from_pylist(rows, schema=DECISION_SCHEMA)
     out = writer_summary(written, request, written_at=NOW + 250)
-    kept = {row["entity"] for row in out if row["kind"] == "decision"}
+    kept = {decode_decision("-", row["value"]).entity for row in out if row["kind"] == "decision"}
     assert kept == {"user=tracked", "user=hot", "user=u999", "user=u998", "user=u997"}
     (head,) = [row for row in out if row["kind"] == "summary"]
     assert (head["decisions"], head["rejects"], head["config_version"]) == (1002, 2, 3)

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from quotastream.outage import OutageError
-from streaming.metrics import BatchReport, SummaryRequest
+from streaming.batch_summary import BatchReport, SummaryRequest
 from streaming.preflight import UnreachableError, check_kafka, check_redis
 from streaming.services import LocalService, free_port, start_redis
 from streaming.settings import KafkaSettings, RedisSettings

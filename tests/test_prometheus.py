@@ -22,14 +22,14 @@ from pyspark.sql import SparkSession
 
 from quotastream import QuotaClient
 from state.config import parse_quota_config
+from streaming.exporter import EngineMetrics
 from streaming.job import start_query
-from streaming.metrics import (
+from streaming.metric_names import (
     INPUT_BACKLOG,
     QUOTA_REQUESTS,
     QUOTA_UTILISATION,
     THROTTLE_TIME,
     THROTTLED_ENTITIES,
-    EngineMetrics,
 )
 from streaming.services import LocalService, free_port
 from streaming.settings import EngineSettings

@@ -8,15 +8,37 @@ import time
 from collections.abc import Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 import redis
+from hypothesis import given
+from hypothesis import strategies as st
 
 from quotastream import Decision, QuotaClient, TimerStats
-from quotastream.keys import release_channel
+from quotastream.redis_contract import (
+    CorruptValueError,
+    decode_decision,
+    decode_remote_log,
+    release_channel,
+    remote_log_value,
+)
 from state.config import parse_quota_config
+from state.events import EventBounds
+from state.remote_log_view import RemoteLog, RetentionView
+from streaming.batch_summary import throttled_at
+from streaming.live_view import Snapshot
 from streaming.services import LocalService, start_redis
-from streaming.sinks import SinkSettings, write_batches
-from streaming.stages import DECISION_SCHEMA, TIMERS, USAGE
+from streaming.sinks import SinkSettings, decision_values, write_batches
+from streaming.stages import (
+    DECISION,
+    DECISION_SCHEMA,
+    TIMERS,
+    KafkaRecords,
+    StageSettings,
+    staged_batches,
+    update_shard,
+)
+from tests.factories import BASE, produce
 
 CONFIG = parse_quota_config(
     {"clients": [{"user": "alice", "producer_byte_rate": 100}]}, "contract config"
@@ -33,7 +55,7 @@ def decision_row(
     entity: str, ts: int, throttle_ms: int, mode: str = "enforced", config_version: int = 3
 ) -> dict[str, object]:
     return {
-        "row_type": USAGE,
+        "row_type": DECISION,
         "quota": "produce",
         "entity": entity,
         "ts": ts,
@@ -170,3 +192,122 @@ def test_timer_counts_sum_over_shards(server: LocalService) -> None:
     list(write_batches(iter([later]), settings))  # a shard's latest counts replace its earlier
     client = QuotaClient.connect(server.host, server.port, prefix="timers-test")
     assert client.timer_counts() == TimerStats(pending=3, fired=17, cancelled=1)
+
+
+# --- The values, without Redis: one definition each, read the same way by every reader -----
+_MODES = st.sampled_from(["enforced", "shadow", "exempt", "disabled"])
+
+
+@given(
+    throttle_ms=st.integers(0, 60_000),
+    released=st.booleans(),
+    mode=_MODES,
+    limit=st.none() | st.floats(0.0, 1e12),
+    now_offset=st.integers(-1_000, 70_000),
+)
+def test_a_written_value_reads_back_as_the_row_and_throttles_as_its_columns_say(
+    throttle_ms: int, released: bool, mode: str, limit: float | None, now_offset: int
+) -> None:
+    row = decision_row("user=a", 1_000_000, throttle_ms, mode) | {
+        "limit": limit,
+        "released_at": 1_000_500 if released else None,
+    }
+    batch = pa.RecordBatch.from_pylist([row], schema=DECISION_SCHEMA)
+    (value,) = decision_values(batch)
+    decision = decode_decision("k", value, ("produce", "user=a"))
+    assert decision == Decision(
+        quota="produce",
+        entity="user=a",
+        throttle_ms=throttle_ms,
+        until=1_000_000 + throttle_ms,
+        rate=150.0,
+        limit=limit,
+        exceeded=throttle_ms > 0,
+        window_ms=10_000,
+        decided_at=1_000_000,
+        enforced=mode == "enforced",
+        mode=mode,
+        config_version=3,
+        released_at=1_000_500 if released else None,
+    )
+    now = 1_000_000 + now_offset
+    # The summary's column form of "throttled now" is the value's.
+    assert throttled_at(batch, now).tolist() == [decision.throttle_ms_at(now) > 0]
+
+
+def test_unlimited_is_null_from_the_core_to_every_reader() -> None:
+    """The core computes with inf; its decision rows, the value and the readers say None."""
+    config = parse_quota_config({"clients": []}, "no quotas")
+    stage = StageSettings(config, EventBounds(), 65_536, shards=1, clock=lambda: BASE / 1000)
+    event = json.dumps(produce("alice", "app1", 500, BASE - 100)).encode()
+    staged = staged_batches(KafkaRecords("events", 0, [0], [event], 0), stage)
+    rows = pa.Table.from_batches(list(staged)).to_pandas()
+    update = update_shard(None, rows, stage, 0, stage.now_ms())
+    table = pa.Table.from_batches(update.batches())
+    decisions = table.filter(pc.equal(table.column("row_type"), DECISION)).combine_chunks()
+    (decisions,) = decisions.to_batches()
+    assert decisions.column("limit").to_pylist() == [None]
+    (value,) = decision_values(decisions)
+    assert json.loads(value)["limit"] is None
+    decision = decode_decision("k", value)
+    assert (decision.limit, decision.utilisation) == (None, None)
+
+
+def test_a_value_missing_or_mistyping_a_field_is_corrupt_and_new_fields_are_ignored() -> None:
+    (value,) = decision_values(
+        pa.RecordBatch.from_pylist([decision_row("user=a", 1, 0)], schema=DECISION_SCHEMA)
+    )
+    document = json.loads(value)
+    assert decode_decision("k", json.dumps(document | {"later": [1]}).encode()).entity == "user=a"
+    with pytest.raises(CorruptValueError, match="k does not hold a quotastream value"):
+        decode_decision("k", json.dumps(document | {"until": "soon"}).encode())
+    with pytest.raises(CorruptValueError, match="rate"):
+        decode_decision("k", json.dumps({k: v for k, v in document.items() if k != "rate"}))
+    with pytest.raises(CorruptValueError, match="decision of produce 'user=a'"):
+        decode_decision("k", value, ("produce", "user=b"))
+
+
+def test_a_remote_log_value_round_trips_and_an_old_one_counts_every_segment() -> None:
+    remote_log = RemoteLog(
+        "orders",
+        3,
+        300,
+        {0: 200, 1: 100},
+        [("a", 0, 100), ("b", 0, 100), ("c", 1, 100)],
+        RetentionView([(0, 0), (1, 50)], 120, 200, [("a", 100, True), ("b", 100, False)]),
+    )
+    value = remote_log_value(remote_log)
+    assert json.loads(value)["epochs"] == {"0": 200, "1": 100}  # JSON keys: docs/redis.md
+    assert decode_remote_log("k", value) == remote_log
+    # Written before lineages were reported: no "retention"; every live segment counts, in order.
+    old = {k: v for k, v in json.loads(value).items() if k != "retention"}
+    read = decode_remote_log("k", json.dumps(old).encode())
+    assert (read.lineage, read.retention_bytes) == (None, 300)
+    assert read.retention_walk == [("a", 100, True), ("b", 100, True), ("c", 100, True)]
+    with pytest.raises(CorruptValueError, match="segments"):
+        decode_remote_log("k", json.dumps(old | {"segments": [["a", 0]]}).encode())
+
+
+def test_the_live_view_counts_only_what_an_agent_would_enforce_as_throttled() -> None:
+    now = 1_000_000
+
+    def over(entity: str, **fields: object) -> Decision:
+        base = {"throttle_ms": 5_000, "until": now + 5_000, "rate": 300.0, "limit": 100.0}
+        return Decision(
+            **{"quota": "produce", "entity": entity, "exceeded": True, "window_ms": 10_000}
+            | {"decided_at": now}
+            | base
+            | fields  # type: ignore[arg-type]
+        )
+
+    view = Snapshot(
+        [
+            over("user=enforced"),
+            over("user=shadow", enforced=False, mode="shadow"),
+            over("user=released", released_at=now),
+            over("user=over-already", until=now - 1),
+        ],
+        taken_at_ms=now,
+    )
+    assert [d.entity for d in view.throttled] == ["user=enforced"]
+    assert view.summary() == "4 entities decided; over limit: produce=4; throttled now: produce=1"

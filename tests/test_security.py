@@ -36,7 +36,7 @@ from redis.retry import Retry
 from quotastream.acl import ENGINE_USER, engine_acl, set_user
 from state.config import load_quota_config
 from streaming.job import source_options
-from streaming.metrics import INPUT_BACKLOG
+from streaming.metric_names import INPUT_BACKLOG
 from streaming.offsets import SourceOptions
 from streaming.preflight import DEFAULT_TIMEOUT_S, UnreachableError, check_kafka, check_redis
 from streaming.redaction import redact_logs

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quotastream.client import RemoteLog
+from quotastream.redis_contract import decode_remote_log
 from state.config import parse_quota_config
 from state.core import QuotaCore
 from state.events import EventBounds
@@ -25,11 +25,11 @@ from state.live_config import (
 from state.quota_types import QuotaType
 from state.shard import ShardState
 from streaming.stages import (
+    DECISION,
     REJECT,
     REMOTE_LOG,
     STAGE_SCHEMA,
     TIMERS,
-    USAGE,
     KafkaRecords,
     StageSettings,
     group_rows,
@@ -110,7 +110,7 @@ def run_stages(
             if update.state is not None:  # the dead-letter group keeps none
                 states[shard] = update.state
             for record in update.rows.to_dict(orient="records"):
-                if record["row_type"] == USAGE:
+                if record["row_type"] == DECISION:
                     latest[(record["quota"], record["entity"])] = record
                 elif record["row_type"] == REJECT:
                     rejects.append(record)
@@ -164,7 +164,7 @@ def test_a_shards_output_has_no_all_none_object_column() -> None:
         for _, group in rows.groupby("shard")
         for part in update_shard(None, group, SETTINGS, int(group["shard"].iloc[0]), NOW).parts
     ]
-    assert {part["row_type"].iloc[0] for part in parts} >= {USAGE, TIMERS, REJECT}
+    assert {part["row_type"].iloc[0] for part in parts} >= {DECISION, TIMERS, REJECT}
     for part in parts:
         untyped = [
             name for name in part.columns if part[name].dtype == object and part[name].isna().all()
@@ -205,7 +205,7 @@ def test_idle_entities_leave_the_state_and_late_events_for_them_are_rejected() -
     table = QuotaCore.restore(CONFIG, state.tables).tables[QuotaType.PRODUCE]
     assert list(table.keys) == ["user=u0,broker=1"]
     assert out.loc[out["row_type"] == REJECT, "reason"].tolist() == ["ts_out_of_bounds"]
-    assert out.loc[out["row_type"] == USAGE, "rate"].tolist() == [pytest.approx(500 / 10.0)]
+    assert out.loc[out["row_type"] == DECISION, "rate"].tolist() == [pytest.approx(500 / 10.0)]
 
 
 def one_shard_step(
@@ -274,8 +274,9 @@ def test_an_unclean_election_counts_diverged_segments_in_the_metric_but_not_in_r
         segment("e", 300, {2: 180}, 299),
     ]
     _, out = one_shard_step(stage, [*events, json.dumps(lineage).encode()], None)
-    document = json.loads(out.loc[out["row_type"] == REMOTE_LOG, "remote_log"].iloc[0])
-    remote_log = RemoteLog.of(document)
+    remote_log = decode_remote_log(
+        "-", out.loc[out["row_type"] == REMOTE_LOG, "remote_log"].iloc[0]
+    )
     assert remote_log.total == 700  # RemoteLogSizeBytes: c too
     # remoteLogSize(epoch): a segment under each of its epochs.
     assert remote_log.epochs == {0: 200, 1: 300, 2: 400}
@@ -292,8 +293,8 @@ def test_an_unclean_election_counts_diverged_segments_in_the_metric_but_not_in_r
     assert remote_log.retention_breach(retention_bytes=320, local_only_bytes=50) == ["a", "b", "d"]
     # Without the lineage every live segment counts, oldest copy first: c would be deleted.
     _, out = one_shard_step(stage, events, None)
-    unreported = RemoteLog.of(
-        json.loads(out.loc[out["row_type"] == REMOTE_LOG, "remote_log"].iloc[0])
+    unreported = decode_remote_log(
+        "-", out.loc[out["row_type"] == REMOTE_LOG, "remote_log"].iloc[0]
     )
     assert (unreported.retention_bytes, unreported.lineage) == (700, None)
     assert "c" in unreported.retention_breach(retention_bytes=320, local_only_bytes=50)
@@ -332,7 +333,7 @@ def test_a_batch_decides_with_the_configuration_version_it_pinned() -> None:
     state = None
     for version, limit, mode, pending in expected:
         state, out = one_shard_step(stage, burst, state, version)
-        decision = out[out["row_type"] == USAGE].iloc[0]
+        decision = out[out["row_type"] == DECISION].iloc[0]
         assert decision["config_version"] == version
         assert decision["mode"] == mode
         assert (None if pd.isna(decision["limit"]) else decision["limit"]) == limit

@@ -23,13 +23,14 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from quotastream import Decision, QuotaClient
 from quotastream.client import decision_keys
-from quotastream.keys import release_channel
+from quotastream.redis_contract import release_channel
 from state.config import parse_quota_config
 from state.events import parse_events
 from state.live_config import Change, SetClientQuota, SetEnforcement
 from streaming.config_log import ConfigLog
+from streaming.exporter import EngineMetrics
 from streaming.job import start_query
-from streaming.metrics import REDIS_WRITE_FAILURES, EngineMetrics
+from streaming.metric_names import REDIS_WRITE_FAILURES
 from streaming.offsets import records_read
 from streaming.services import LocalService, start_redis
 from streaming.settings import EngineSettings

@@ -6,6 +6,8 @@ import json
 import time
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from state.config import DEFAULT
 from state.entities import entity_key_problem
 from state.quota_types import CLIENT_QUOTA_TYPES, QuotaType
@@ -17,13 +19,12 @@ from streaming.admin.values import parse_quota_type
 from streaming.exit_codes import EXIT_FAILURE, EXIT_OK
 
 if TYPE_CHECKING:
-    from quotastream.client import Decision
+    from quotastream.redis_contract import Decision
 
 
 def lookup_decision(admin: Admin) -> int:
     # Not at the top: the quotastream package loads redis, which only admin commands may pay for.
-    from quotastream.client import CorruptValueError  # noqa: PLC0415
-    from quotastream.keys import decision_key  # noqa: PLC0415
+    from quotastream.redis_contract import CorruptValueError, decision_key  # noqa: PLC0415
 
     args = admin.args
     quota = parse_quota_type(args.quota)
@@ -67,7 +68,7 @@ def _print_decision(
     key: str, version: int | None, decision: Decision | None, as_json: bool
 ) -> None:
     now_ms = int(time.time() * 1000)
-    values = None if decision is None else dict(vars(decision))
+    values = None if decision is None else msgspec.structs.asdict(decision)
     throttle_ms_now = 0 if decision is None else decision.throttle_ms_now(now_ms)
     if as_json:
         print_json(
