@@ -157,3 +157,25 @@ def malformed_payloads(seed: int, count: int) -> list[bytes]:
         payload = rng.choice(huge if rng.random() < 0.01 else makers)()
         out += [payload, payload] if rng.random() < 0.1 else [payload]
     return out[:count]
+
+
+def decision_row(entity: str, ts: int, throttle_ms: int = 0, **fields: Any) -> dict[str, Any]:
+    """A decision row as the stateful stage emits it (``DECISION_SCHEMA``; other columns null):
+    a produce decision of 150 B/s against 100 B/s unless ``fields`` say otherwise."""
+    from streaming.stages import DECISION, DECISION_SCHEMA  # noqa: PLC0415 - events need no Spark
+
+    return dict.fromkeys(DECISION_SCHEMA.names) | {
+        "row_type": DECISION,
+        "quota": "produce",
+        "entity": entity,
+        "ts": ts,
+        "rate": 150.0,
+        "limit": 100.0,
+        "throttle_ms": throttle_ms,
+        "until": ts + throttle_ms,
+        "exceeded": throttle_ms > 0,
+        "window_ms": 10_000,
+        "config_version": 0,
+        "mode": "enforced",
+        **fields,
+    }

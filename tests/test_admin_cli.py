@@ -22,7 +22,8 @@ from streaming.config_log import ConfigLog
 from streaming.exit_codes import EXIT_FAILURE, EXIT_UNREACHABLE
 from streaming.services import LocalService, free_port
 from streaming.sinks import SinkSettings, write_batches
-from streaming.stages import DECISION, DECISION_SCHEMA
+from streaming.stages import DECISION_SCHEMA
+from tests.factories import decision_row
 
 QUOTAS: dict[str, Any] = {
     "clients": [
@@ -685,22 +686,7 @@ def test_a_missing_required_option_is_a_usage_error(cli: Cli) -> None:
 # ---------------------------------------------------------------------------------------- lookup
 def write_decision(redis_server: LocalService, prefix: str, entity: str, **row: Any) -> int:
     now = int(time.time() * 1000)
-    values = {
-        "row_type": DECISION,
-        "quota": "produce",
-        "entity": entity,
-        "ts": now,
-        "rate": 450.0,
-        "limit": 300.0,
-        "throttle_ms": 60_000,
-        "until": now + 60_000,
-        "exceeded": True,
-        "window_ms": 10_000,
-        "config_version": 0,
-        "mode": "enforced",
-        "released_at": None,
-        **row,
-    }
+    values = decision_row(entity, now, 60_000, rate=450.0, limit=300.0) | row
     batch = pa.RecordBatch.from_pylist([values], schema=DECISION_SCHEMA)
     settings = SinkSettings.local(redis_server.host, redis_server.port, key_prefix=prefix)
     (counts,) = write_batches(iter([batch]), settings)

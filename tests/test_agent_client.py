@@ -38,7 +38,8 @@ from streaming.exit_codes import EXIT_USAGE
 from streaming.services import LocalService, start_redis
 from streaming.sinks import SinkSettings, write_batches
 from streaming.stages import DECISION_SCHEMA
-from tests.test_redis_contract import CONFIG, decision_row
+from tests.factories import decision_row
+from tests.test_redis_contract import CONFIG
 
 PREFIX = "agents"
 ENTITY = "user=alice,broker=1"

@@ -33,10 +33,9 @@ from streaming.job import start_query
 from streaming.services import LocalService
 from streaming.sinks import SinkSettings, write_batches
 from streaming.stages import DECISION_SCHEMA
-from tests.factories import produce
+from tests.factories import decision_row, produce
 from tests.test_admin_cli import write_settings
 from tests.test_agent_client import FakeClock
-from tests.test_redis_contract import decision_row
 from tests.test_streaming import SteadyTraffic, engine_settings
 from tests.test_streaming import publish as publish_events
 

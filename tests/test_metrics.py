@@ -37,6 +37,7 @@ from streaming.stages import (
 from tests.factories import (
     BASE,
     MIXED_QUOTAS,
+    decision_row,
     fetch,
     produce,
     remote,
@@ -180,26 +181,6 @@ def test_entities_not_decided_for_keep_ms_are_forgotten_unless_throttled() -> No
     assert {entity for _, entity in state.entities} == {"user=held", "user=new"}
 
 
-def decision_row(entity: str, rate: float, **overrides: Any) -> dict[str, Any]:
-    row = dict.fromkeys(DECISION_SCHEMA.names)
-    row.update(
-        row_type="decision",
-        quota="produce",
-        entity=entity,
-        ts=NOW,
-        rate=rate,
-        limit=1000.0,
-        throttle_ms=0,
-        until=NOW,
-        exceeded=False,
-        window_ms=11_000,
-        config_version=3,
-        mode="enforced",
-    )
-    row.update(overrides)
-    return row
-
-
 def writer_summary(
     written: pa.RecordBatch, request: SummaryRequest, written_at: int
 ) -> list[dict[str, Any]]:
@@ -216,9 +197,9 @@ def writer_summary(
 
 def test_a_writer_summary_keeps_top_k_throttled_and_tracked_rows_only() -> None:
     request = SummaryRequest(top_k=3, tracked=frozenset({"produce\x00user=tracked"}))
-    rows = [decision_row(f"user=u{i}", float(i)) for i in range(1000)]
-    rows.append(decision_row("user=tracked", 0.5, ts=NOW - 10))
-    rows.append(decision_row("user=hot", 5000.0, throttle_ms=9000, until=NOW + 9000))
+    rows = [decision_row(f"user=u{i}", NOW, rate=float(i), config_version=3) for i in range(1000)]
+    rows.append(decision_row("user=tracked", NOW - 10, rate=0.5, config_version=3))
+    rows.append(decision_row("user=hot", NOW, 9000, rate=5000.0, config_version=3))
     rows.append({**dict.fromkeys(DECISION_SCHEMA.names), "row_type": "reject", "reason": "x"})
     rows.append({**dict.fromkeys(DECISION_SCHEMA.names), "row_type": "reject", "reason": "x"})
     timers = {"timers_pending": 1, "timers_fired": 4, "timers_cancelled": 2}

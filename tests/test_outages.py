@@ -22,7 +22,7 @@ from streaming.sinks import (
     write_batches,
 )
 from streaming.stages import DECISION_SCHEMA
-from tests.test_redis_contract import decision_row
+from tests.factories import decision_row
 
 PASSWORD = "s3cret-engine-pass"
 

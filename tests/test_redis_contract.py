@@ -38,7 +38,7 @@ from streaming.stages import (
     staged_batches,
     update_shard,
 )
-from tests.factories import BASE, produce
+from tests.factories import BASE, decision_row, produce
 
 CONFIG = parse_quota_config(
     {"clients": [{"user": "alice", "producer_byte_rate": 100}]}, "contract config"
@@ -49,33 +49,6 @@ CONFIG = parse_quota_config(
 def server() -> Iterator[LocalService]:
     with start_redis() as service:
         yield service
-
-
-def decision_row(
-    entity: str, ts: int, throttle_ms: int, mode: str = "enforced", config_version: int = 3
-) -> dict[str, object]:
-    return {
-        "row_type": DECISION,
-        "quota": "produce",
-        "entity": entity,
-        "ts": ts,
-        "rate": 150.0,
-        "limit": 100.0,
-        "throttle_ms": throttle_ms,
-        "until": ts + throttle_ms,
-        "exceeded": throttle_ms > 0,
-        "window_ms": 10_000,
-        "config_version": config_version,
-        "mode": mode,
-        "released_at": None,
-        "notice": None,
-        "topic": None,
-        "partition": None,
-        "offset": None,
-        "payload": None,
-        "reason": None,
-        "detail": None,
-    }
 
 
 def write(server: LocalService, rows: list[dict[str, object]], keep_ms: int = 30_000) -> None:
@@ -107,7 +80,8 @@ def test_a_decision_not_enforced_reports_its_delay_but_never_binds(
     server: LocalService, mode: str
 ) -> None:
     now = int(time.time() * 1000)
-    write(server, [decision_row("user=shadowed,broker=1", now, 5000, mode=mode)])
+    row = decision_row("user=shadowed,broker=1", now, 5000, mode=mode, config_version=3)
+    write(server, [row])
     client = QuotaClient.connect(server.host, server.port, prefix="qs")
     decision = client.lookup("produce", "user=shadowed,broker=1")
     assert decision is not None
@@ -208,7 +182,7 @@ _MODES = st.sampled_from(["enforced", "shadow", "exempt", "disabled"])
 def test_a_written_value_reads_back_as_the_row_and_throttles_as_its_columns_say(
     throttle_ms: int, released: bool, mode: str, limit: float | None, now_offset: int
 ) -> None:
-    row = decision_row("user=a", 1_000_000, throttle_ms, mode) | {
+    row = decision_row("user=a", 1_000_000, throttle_ms, mode=mode) | {
         "limit": limit,
         "released_at": 1_000_500 if released else None,
     }
@@ -227,7 +201,7 @@ def test_a_written_value_reads_back_as_the_row_and_throttles_as_its_columns_say(
         decided_at=1_000_000,
         enforced=mode == "enforced",
         mode=mode,
-        config_version=3,
+        config_version=0,
         released_at=1_000_500 if released else None,
     )
     now = 1_000_000 + now_offset
