@@ -2,9 +2,10 @@
 
 An agent on a broker's request path asks ``QuotaClient.for_client("produce", user, client_id,
 broker)`` before each request. That call resolves the client's counter locally (Kafka's
-precedence over the quota configuration) and reads the counter's decision together with the
-published configuration version, in one round trip. Its floor is the round trip itself, so the
-same run times a bare redis-py ``GET`` of the same decision key, interleaved lookup by lookup
+precedence over the quota configuration, walked for a client's first lookup and remembered
+after it by ``state.quota_rules.QuotaRules``) and reads the counter's decision together with
+the published configuration version, in one round trip. Its floor is the round trip itself, so
+the same run times a bare redis-py ``GET`` of the same decision key, interleaved lookup by lookup
 with the client's call: both see the same machine load, and the ratio is what the client adds.
 
 A real Redis (``streaming.services.start_redis``) on loopback holds one decision per user,

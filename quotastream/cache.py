@@ -141,10 +141,6 @@ class CachedQuotaClient:
         self._wall_clock_ms = wall_clock_ms
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
-        self._entities: dict[tuple[str, str, str, int], str] = {}
-        #: Counts the changes of the configuration clients are resolved with: an entity resolved
-        #: under an older one is not remembered.
-        self._resolver_generation = 0
         self._live_config_checked_at: float | None = None
         # An agent never gives up on Redis: it answers by its failure policy meanwhile.
         self._outage = Outage(
@@ -255,19 +251,9 @@ class CachedQuotaClient:
 
     def for_client(self, quota: str, user: str, client_id: str, broker: int) -> Answer:
         """The answer for a client. Its entity is resolved locally with the live configuration
-        (checked at most once per ``max_staleness_ms``), and remembered until that changes."""
+        (checked at most once per ``max_staleness_ms``; the rules remember each client's)."""
         self._follow_live_config()
-        key = (quota, user, client_id, broker)
-        entity = self._entities.get(key)
-        if entity is None:
-            generation = self._resolver_generation
-            entity = self.client.entity_of_client(quota, user, client_id, broker)
-            with self._lock:
-                if generation == self._resolver_generation:
-                    if len(self._entities) >= self.settings.max_entries:
-                        self._entities.clear()
-                    self._entities[key] = entity
-        return self.lookup(quota, entity)
+        return self.lookup(quota, self.client.entity_of_client(quota, user, client_id, broker))
 
     def _follow_live_config(self) -> None:
         """Checks the published configuration version if it was not checked within
@@ -284,7 +270,7 @@ class CachedQuotaClient:
             if self._outage.down:
                 self._retry_at = now + self.settings.backoff_ms / 1000
         try:
-            changed = self.client.follow_live_config()
+            self.client.follow_live_config()
         except UNREACHABLE as error:
             with self._lock:
                 self._failed(error)
@@ -301,9 +287,6 @@ class CachedQuotaClient:
         with self._lock:
             self._recovered()
             self._corrupt_keys.discard(_LIVE_CONFIG)
-            if changed:
-                self._resolver_generation += 1
-                self._entities.clear()
 
     def _age_ms(self, entry: _Entry, now: float) -> int:
         return max(int((now - entry.read_at) * 1000), 0)

@@ -20,6 +20,7 @@ It imports no numpy, pandas or pyarrow: an agent resolves a client in microsecon
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Container
 from dataclasses import dataclass
 from enum import IntEnum
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 UNLIMITED: Final = float("inf")
 #: Level reported when no level sets the quota: unlimited, one counter per client-id.
 NO_LEVEL: Final = 0
+#: Clients whose resolution a :class:`QuotaRules` remembers by default (about 40 MB when full).
+REMEMBERED_CLIENTS: Final = 100_000
 
 
 class Sharing(IntEnum):
@@ -220,7 +223,7 @@ def client_key(sharing: Sharing, user: str, client_id: str, broker: int | None) 
     return ",".join(parts)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Resolved:
     """One client's quota of one type."""
 
@@ -235,9 +238,15 @@ class Resolved:
 
 
 class QuotaRules:
-    """The rules of one :class:`QuotaConfig`, ready to resolve clients one at a time."""
+    """The rules of one :class:`QuotaConfig`, ready to resolve clients one at a time.
 
-    def __init__(self, config: QuotaConfig) -> None:
+    The rules never change (a new configuration is a new ``QuotaRules``), so each client's
+    resolution is remembered: an agent asks about the same clients request after request, and a
+    remembered one costs a dict lookup instead of the walk. The least recently asked are
+    forgotten beyond ``remembered`` clients.
+    """
+
+    def __init__(self, config: QuotaConfig, remembered: int = REMEMBERED_CLIENTS) -> None:
         self.config = config
         self.client_rates = {q: ClientRates(config, q) for q in CLIENT_QUOTA_TYPES}
         self._per_broker = {q: per_broker(config, q) for q in CLIENT_QUOTA_TYPES}
@@ -246,12 +255,19 @@ class QuotaRules:
             q: (decision_mode(config, q, exempt=False), decision_mode(config, q, exempt=True))
             for q in CLIENT_QUOTA_TYPES
         }
+        self._remembered = functools.lru_cache(maxsize=remembered)(self.resolve)
 
     def client(
         self, quota_type: QuotaType, user: str, client_id: str, broker: int | None
     ) -> Resolved:
         """A client's quota of ``quota_type`` (a client quota) on ``broker``; with ``broker``
-        None, its counter's key has no broker part."""
+        None, its counter's key has no broker part. Remembered: :meth:`resolve`'s answer."""
+        return self._remembered(quota_type, user, client_id, broker)
+
+    def resolve(
+        self, quota_type: QuotaType, user: str, client_id: str, broker: int | None
+    ) -> Resolved:
+        """:meth:`client`, walked through the rules every time."""
         level, limit, sharing = self.client_rates[quota_type].resolve(user, client_id)
         exempt = is_exempt(level, limit)
         scoped = broker if self._per_broker[quota_type] else None

@@ -221,3 +221,36 @@ def test_the_one_client_form_agrees_with_the_rows_form_and_the_core(
             strict=True,
         )
     )
+
+
+# Few enough that clients differing in one part only (the quota, the broker or a name) are common.
+one_client_asks = st.tuples(
+    st.sampled_from(CLIENT_QUOTA_TYPES),
+    st.sampled_from(KEYED_USERS),
+    st.sampled_from(KEYED_CLIENTS),
+    st.sampled_from([None, 0, 1]),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    configs=st.tuples(rule_configs(), rule_configs()),
+    clients=st.lists(one_client_asks, min_size=2, max_size=5, unique=True),
+    data=st.data(),
+)
+def test_a_remembered_resolution_is_the_walk_of_its_own_rules_whatever_was_asked_before(
+    configs: tuple[QuotaConfig, QuotaConfig],
+    clients: list[tuple[QuotaType, str, str, int | None]],
+    data: st.DataObject,
+) -> None:
+    # Two configurations asked in turn, as an agent's rules are when the live one changes; two
+    # clients remembered each among up to five, so clients are answered from memory, forgotten,
+    # and walked again.
+    rules = [QuotaRules(config, remembered=2) for config in configs]
+    ask = st.tuples(st.sampled_from(rules), st.sampled_from(clients))
+    asks = data.draw(st.lists(ask, min_size=5, max_size=30))
+    for asked, (quota_type, user, client, broker) in asks:
+        assert asked.client(quota_type, user, client, broker) == asked.resolve(
+            quota_type, user, client, broker
+        )
+    assert max(asked._remembered.cache_info().currsize for asked in rules) <= 2
