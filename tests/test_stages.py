@@ -44,8 +44,8 @@ SETTINGS = StageSettings(CONFIG, EventBounds(), 65_536, shards=4)
 NOW = BASE + 3_600_000  # the batch time: after every event, so throttles are over
 
 
-def payloads(seed: int, count: int) -> list[bytes]:
-    out = mixed_payloads(seed, count)
+def payloads(seed: int, count: int, span_ms: int = 20_000) -> list[bytes]:
+    out = mixed_payloads(seed, count, span_ms=span_ms)
     out.insert(count // 2, b"not json")
     return out
 
@@ -119,19 +119,19 @@ def run_stages(
     return pd.DataFrame(latest.values()), states
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(
     seed=st.integers(0, 10**6),
-    cuts=st.lists(st.integers(1, 299), max_size=4),
+    cuts=st.lists(st.integers(1, 149), max_size=4),
     message_sizes=st.lists(st.integers(1, 40), max_size=4),
-    chunk_rows=st.integers(1, 400),
+    chunk_rows=st.integers(1, 200),
 )
 def test_streaming_stages_reach_the_same_final_decisions_as_replay(
     seed: int, cuts: list[int], message_sizes: list[int], chunk_rows: int
 ) -> None:
     """Whatever the micro-batch splits, the chunks Spark hands a shard in, and whether events
     come one per message or batched."""
-    values = payloads(seed, 300)
+    values = payloads(seed, 150, span_ms=10_000)
     messages = batched(values, message_sizes)
     bounds = [0, *sorted({cut % len(messages) for cut in cuts}), len(messages)]
     micro_batches = [messages[a:b] for a, b in itertools.pairwise(bounds) if b > a]
