@@ -38,9 +38,9 @@ from results import record  # bench/ is on sys.path when a script in it runs
 from quotastream import CachedQuotaClient, CacheSettings, QuotaClient
 from quotastream.redis_contract import decision_key
 from state.config import parse_quota_config
+from streaming.engine.sinks import SinkSettings, write_batches
+from streaming.engine.stages import DECISION, DECISION_SCHEMA
 from streaming.services import start_redis
-from streaming.sinks import SinkSettings, write_batches
-from streaming.stages import DECISION, DECISION_SCHEMA
 
 PREFIX = "bench"
 BROKER = 1

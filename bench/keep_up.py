@@ -89,9 +89,9 @@ from overload import TOPIC, memory, offer, read_so_far
 from pipeline import CONFIG, PARTITIONS, create_topic, publish, scale_messages, settings
 from results import record  # bench/ is on sys.path when a script in it runs
 
-from streaming.job import GracefulStop, local_spark, start_query
-from streaming.kafka_clients import true_end_offsets
-from streaming.offsets import records_read
+from streaming.engine.job import GracefulStop, local_spark, start_query
+from streaming.engine.kafka_clients import true_end_offsets
+from streaming.engine.offsets import records_read
 from streaming.services import LocalService, start_kafka, start_redis
 
 SAMPLE_S = 5.0

@@ -28,10 +28,10 @@ from pipeline import settings as engine_settings
 from results import record  # bench/ is on sys.path when a script in it runs
 from soak import command_of, descendants, rss_mb
 
-from streaming.exporter import EngineMetrics
-from streaming.job import local_spark, start_query
-from streaming.metric_names import EVENT_LAG
-from streaming.offsets import records_read
+from streaming.engine.exporter import EngineMetrics
+from streaming.engine.job import local_spark, start_query
+from streaming.engine.metric_names import EVENT_LAG
+from streaming.engine.offsets import records_read
 from streaming.services import LocalService, start_kafka, start_redis
 
 TOPIC = "overload"

@@ -47,19 +47,19 @@ from quotastream.client import decision_keys
 from state.config import parse_quota_config
 from state.core import QuotaCore
 from state.events import EventBounds
-from streaming.job import local_spark, start_query
-from streaming.kafka_source import KafkaStreamReader
-from streaming.offsets import SourceOptions, records_read
-from streaming.services import LocalService, start_kafka, start_redis
-from streaming.settings import EngineSettings
-from streaming.sinks import SinkSettings, write_batches
-from streaming.stages import (
+from streaming.engine.job import local_spark, start_query
+from streaming.engine.kafka_source import KafkaStreamReader
+from streaming.engine.offsets import SourceOptions, records_read
+from streaming.engine.settings import EngineSettings
+from streaming.engine.sinks import SinkSettings, write_batches
+from streaming.engine.stages import (
     STAGE_SCHEMA,
     KafkaRecords,
     StageSettings,
     staged_batches,
     update_shard,
 )
+from streaming.services import LocalService, start_kafka, start_redis
 
 CONFIG = parse_quota_config(
     {

@@ -34,9 +34,9 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from results import record  # bench/ is on sys.path when a script in it runs
 
 from state.config import parse_quota_config
-from streaming.job import local_spark, start_query
+from streaming.engine.job import local_spark, start_query
+from streaming.engine.settings import EngineSettings
 from streaming.services import start_kafka, start_redis
-from streaming.settings import EngineSettings
 
 TOPIC = "soak"
 

@@ -28,9 +28,9 @@ from typing import Any
 from pipeline import fixed_cost, scale  # bench/ is on sys.path when a script in it runs
 from results import record
 
-from streaming.job import local_spark
+from streaming.engine.job import local_spark
+from streaming.engine.settings import EngineSettings
 from streaming.services import start_kafka, start_redis
-from streaming.settings import EngineSettings
 
 _PROVIDER = "spark.sql.streaming.stateStore.providerClass"
 _CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"

@@ -1,7 +1,7 @@
 """The metric names the dashboards and the Prometheus rules may use.
 
 The names come from the code that exports them, so there is one list each: the engine's exporter
-(:data:`streaming.metric_names.METRICS`) and the enforcement agents' cached client
+(:data:`streaming.engine.metric_names.METRICS`) and the enforcement agents' cached client
 (:class:`quotastream.CachedQuotaClient` with a ``registry``). The tests check that every
 dashboard query and every rule reads only these names (plus the recording rules' own outputs and
 Prometheus's ``up``), so a renamed metric fails the build here rather than leaving an empty panel
@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from quotastream.cache import CachedQuotaClient
 from quotastream.client import QuotaClient
-from streaming.metric_names import METRICS, QUOTAS
+from streaming.engine.metric_names import METRICS, QUOTAS
 
 CONTRACT_METRIC_NAMES: Final = frozenset(METRICS)
 """Every metric name the exporter promises (the single list the tests compare against)."""

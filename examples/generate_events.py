@@ -1,4 +1,4 @@
-"""Writes examples/events.jsonl: one minute of the simulated traffic (streaming/traffic.py).
+"""Writes examples/events.jsonl: one minute of the simulated traffic (streaming/commands/traffic.py).
 
 Run from the repository root: ``python examples/generate_events.py``. Deterministic (seeded), so
 the committed file can be regenerated exactly.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from streaming.traffic import traffic
+from streaming.commands.traffic import traffic
 
 START = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 

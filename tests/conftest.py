@@ -13,10 +13,10 @@ import yaml
 from hypothesis import settings
 from pyspark.sql import SparkSession
 
-from streaming.cli import main
-from streaming.job import local_spark
+from streaming.commands.cli import main
+from streaming.engine.job import local_spark
+from streaming.engine.settings import EngineSettings
 from streaming.services import LocalService, start_kafka, start_redis
-from streaming.settings import EngineSettings
 
 # CI runs the same examples every time so that a red build always reproduces; locally, hypothesis
 # explores new ones on each run, and ``scripts/test --explore`` (nightly-style) draws new ones in

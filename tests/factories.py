@@ -162,7 +162,7 @@ def malformed_payloads(seed: int, count: int) -> list[bytes]:
 def decision_row(entity: str, ts: int, throttle_ms: int = 0, **fields: Any) -> dict[str, Any]:
     """A decision row as the stateful stage emits it (``DECISION_SCHEMA``; other columns null):
     a produce decision of 150 B/s against 100 B/s unless ``fields`` say otherwise."""
-    from streaming.stages import DECISION, DECISION_SCHEMA  # noqa: PLC0415 - events need no Spark
+    from streaming.engine.stages import DECISION, DECISION_SCHEMA  # noqa: PLC0415 - events need no Spark
 
     return dict.fromkeys(DECISION_SCHEMA.names) | {
         "row_type": DECISION,

@@ -17,12 +17,12 @@ import yaml
 
 from state.config import load_quota_config
 from state.live_config import DeleteClientQuota
-from streaming.cli import main
-from streaming.config_log import ConfigLog
-from streaming.exit_codes import EXIT_FAILURE, EXIT_UNREACHABLE
+from streaming.commands.cli import main
+from streaming.commands.exit_codes import EXIT_FAILURE, EXIT_UNREACHABLE
+from streaming.engine.config_log import ConfigLog
+from streaming.engine.sinks import SinkSettings, write_batches
+from streaming.engine.stages import DECISION_SCHEMA
 from streaming.services import LocalService, free_port
-from streaming.sinks import SinkSettings, write_batches
-from streaming.stages import DECISION_SCHEMA
 from tests.factories import decision_row
 
 QUOTAS: dict[str, Any] = {

@@ -34,10 +34,10 @@ from quotastream.acl import (
 )
 from quotastream.redis_contract import live_config_key, live_config_version_key, release_channel
 from state.live_config import ConfigVersions, LiveConfigs, SetClientQuota, encode_change
-from streaming.exit_codes import EXIT_USAGE
+from streaming.commands.exit_codes import EXIT_USAGE
+from streaming.engine.sinks import SinkSettings, write_batches
+from streaming.engine.stages import DECISION_SCHEMA
 from streaming.services import LocalService, start_redis
-from streaming.sinks import SinkSettings, write_batches
-from streaming.stages import DECISION_SCHEMA
 from tests.factories import decision_row
 from tests.test_redis_contract import CONFIG
 
@@ -497,7 +497,7 @@ def test_quotastream_run_without_the_engine_extra_says_what_to_install_in_one_li
     # None in sys.modules makes an import fail as if the package were not installed.
     ran = python(
         f"import sys; sys.modules.update(dict.fromkeys({absent!r}))\n"
-        "from streaming.cli import main\n"
+        "from streaming.commands.cli import main\n"
         "sys.exit(main(['run']))"
     )
     assert ran.returncode == EXIT_USAGE, ran.stderr

@@ -28,11 +28,11 @@ from state.live_config import (
     config_document,
     encode_change,
 )
-from streaming.cli import main
-from streaming.job import start_query
+from streaming.commands.cli import main
+from streaming.engine.job import start_query
+from streaming.engine.sinks import SinkSettings, write_batches
+from streaming.engine.stages import DECISION_SCHEMA
 from streaming.services import LocalService
-from streaming.sinks import SinkSettings, write_batches
-from streaming.stages import DECISION_SCHEMA
 from tests.factories import decision_row, produce
 from tests.test_admin_cli import write_settings
 from tests.test_agent_client import FakeClock

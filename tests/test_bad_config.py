@@ -15,8 +15,8 @@ import pytest
 import yaml
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from streaming.cli import main
-from streaming.exit_codes import EXIT_UNREACHABLE, EXIT_USAGE
+from streaming.commands.cli import main
+from streaming.commands.exit_codes import EXIT_UNREACHABLE, EXIT_USAGE
 from streaming.services import LocalService, free_port
 
 SECRET = "do-not-print-this-pass"

@@ -30,14 +30,14 @@ from pyspark.sql.streaming.query import StreamingQuery
 from quotastream import QuotaClient
 from quotastream.outage import OutageStatus
 from state.config import parse_quota_config
-from streaming.exporter import EngineMetrics
-from streaming.job import start_query
-from streaming.kafka_clients import RECONNECT_BACKOFF_MAX_MS
-from streaming.kafka_source import KafkaStreamReader
-from streaming.metric_names import KAFKA_OUTAGE, KAFKA_OUTAGES, SOURCE_DATA_LOSS
-from streaming.offsets import SourceOptions
+from streaming.engine.exporter import EngineMetrics
+from streaming.engine.job import start_query
+from streaming.engine.kafka_clients import RECONNECT_BACKOFF_MAX_MS
+from streaming.engine.kafka_source import KafkaStreamReader
+from streaming.engine.metric_names import KAFKA_OUTAGE, KAFKA_OUTAGES, SOURCE_DATA_LOSS
+from streaming.engine.offsets import SourceOptions
+from streaming.engine.source_status import read_status
 from streaming.services import LocalService, start_kafka, start_object_store
-from streaming.source_status import read_status
 from tests.checkpoint import PlannedBatch, planned_batches
 from tests.factories import MIXED_QUOTAS, mixed_payloads, produce
 from tests.test_chaos import assert_matches_batch_recomputation, commits, engine_file, quotastream

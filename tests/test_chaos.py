@@ -41,10 +41,9 @@ from state.events import parse_events
 from state.live_config import Mode, decision_mode
 from state.quota_types import QuotaType
 from state.shard import ShardState
-from streaming.services import LocalService, start_spark_cluster
-from streaming.settings import EngineSettings, load_engine_settings
-from streaming.sinks import decision_values
-from streaming.stages import (
+from streaming.engine.settings import EngineSettings, load_engine_settings
+from streaming.engine.sinks import decision_values
+from streaming.engine.stages import (
     DECISION,
     STAGE_SCHEMA,
     KafkaRecords,
@@ -53,6 +52,7 @@ from streaming.stages import (
     staged_batches,
     update_shard,
 )
+from streaming.services import LocalService, start_spark_cluster
 from tests.checkpoint import PlannedBatch, committed_batches, planned_batches, states_written
 from tests.expected import by_key, final_decisions, replayed, window_state
 from tests.factories import MIXED_QUOTAS, mixed_payloads
@@ -170,7 +170,7 @@ def kill_driver(process: subprocess.Popen[bytes]) -> None:
 
 class UnkilledRun:
     """The checkpoint's micro-batches run again in this process, in order, without Spark and
-    without kills: the engine's two stages per shard (``streaming/stages.py``), each batch at
+    without kills: the engine's two stages per shard (``streaming/engine/stages.py``), each batch at
     its own batch time, and the values its sink writes (``decision_values``). What a query that
     was never killed writes to Redis with the same batches."""
 
@@ -181,7 +181,7 @@ class UnkilledRun:
         topic: str,
         records: dict[tuple[int, int], bytes],
     ) -> None:
-        # As the engine's query builds them (streaming/job.py start_query), one configuration.
+        # As the engine's query builds them (streaming/engine/job.py start_query), one configuration.
         self.stage = StageSettings.of(settings, config)
         self.prefix = settings.redis.key_prefix
         self.topic = topic

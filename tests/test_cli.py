@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from kafka import KafkaConsumer, TopicPartition
 
 from state.events import parse_events
-from streaming.cli import main
-from streaming.exit_codes import EXIT_FAILURE, EXIT_USAGE
+from streaming.commands.cli import main
+from streaming.commands.exit_codes import EXIT_FAILURE, EXIT_USAGE
 from streaming.services import LocalService
 from tests.conftest import ReplayRunner
 from tests.factories import BASE, fetch, produce, remote, replication

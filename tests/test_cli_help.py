@@ -1,5 +1,5 @@
 """Every command's ``--help`` ends with an example that parses, ``--version`` answers, and the
-exit-code table in ``docs/operations.md`` is the one ``streaming/exit_codes.py`` defines."""
+exit-code table in ``docs/operations.md`` is the one ``streaming/commands/exit_codes.py`` defines."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from streaming import exit_codes
-from streaming.cli import _parser, main
+from streaming.commands import exit_codes
+from streaming.commands.cli import _parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,5 +1,5 @@
 """docker-compose's init step creates the topics the shipped engine settings name, and the
-configuration topic exactly as the engine requires it (one definition: ``streaming/config_log.py``).
+configuration topic exactly as the engine requires it (one definition: ``streaming/engine/config_log.py``).
 
 A configuration topic made any other way is refused by the engine at start (exit 2), and
 ``restart: unless-stopped`` would repeat that forever: this test is what keeps
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from streaming.config_log import kafka_topics_options
-from streaming.settings import load_engine_settings
+from streaming.engine.config_log import kafka_topics_options
+from streaming.engine.settings import load_engine_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,7 +10,7 @@ import yaml
 from state.config import DEFAULT, QuotaConfig, ThrottledReplicas, load_quota_config
 from state.configfile import ConfigError
 from state.quota_types import QuotaType
-from streaming.settings import load_engine_settings
+from streaming.engine.settings import load_engine_settings
 from tests.certificates import make_certificates, make_client_certificate
 
 REPO = Path(__file__).resolve().parent.parent

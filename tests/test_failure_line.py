@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streaming.run import failure_line
+from streaming.commands.run import failure_line
 
 SPARK_TEXT = """[PYTHON_STREAMING_DATA_SOURCE_RUNTIME_ERROR] Failed when Python streaming data \
 source perform latestOffset: Traceback (most recent call last):
@@ -28,7 +28,7 @@ Current Committed Offsets: {{...}}
             "KafkaConnectionError: 111 ECONNREFUSED",
         ),
         (
-            "streaming.kafka_source.DataLossError: e-0: the next offset to read is 100 but the "
+            "streaming.engine.kafka_source.DataLossError: e-0: the next offset to read is 100 but the "
             "log ends at 2; records the query has not read are gone (failOnDataLoss=true)",
             "e-0: the next offset to read is 100 but the log ends at 2; records the query has "
             "not read are gone (failOnDataLoss=true)",

@@ -21,19 +21,19 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from quotastream.outage import OutageError
 from state.live_config import SetEnforcement, encode_change
-from streaming.config_log import ConfigLog, ConfigLogError
-from streaming.exporter import EngineMetrics
-from streaming.kafka_clients import is_outage
-from streaming.kafka_source import DataLossError, KafkaStreamReader
-from streaming.metric_names import KAFKA_OUTAGE, KAFKA_OUTAGES
+from streaming.engine.config_log import ConfigLog, ConfigLogError
+from streaming.engine.exporter import EngineMetrics
+from streaming.engine.kafka_clients import is_outage
+from streaming.engine.kafka_source import DataLossError, KafkaStreamReader
+from streaming.engine.metric_names import KAFKA_OUTAGE, KAFKA_OUTAGES
+from streaming.engine.sinks import SinkSettings, send_dead_letters
+from streaming.engine.source_status import read_status
 from streaming.services import LocalService, start_kafka
-from streaming.sinks import SinkSettings, send_dead_letters
-from streaming.source_status import read_status
 from tests.test_kafka_source import Checkpoint, new_topic, produce, read_all, reader
 from tests.test_metrics import samples
 
 FAST = {"kafkaConsumer.pollTimeoutMs": "300", "startingOffsets": "earliest"}
-OUTAGE_LOGGER = "streaming.kafka_clients"
+OUTAGE_LOGGER = "streaming.engine.kafka_clients"
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from streaming.kafka_source import DataLossError, KafkaStreamReader
-from streaming.offsets import SourceOptions
+from streaming.engine.kafka_source import DataLossError, KafkaStreamReader
+from streaming.engine.offsets import SourceOptions
 from streaming.services import LocalService, start_kafka
 
 
@@ -227,7 +227,7 @@ def test_a_reported_end_below_the_checkpoint_is_a_loss_only_once_the_records_con
     produce(broker, topic, 5, 1)
     checkpoint = {topic: {"0": 900}}
     unconfirmed = reader(broker, topic, **HELD_FETCHES)
-    with caplog.at_level(logging.WARNING, logger="streaming.kafka_source"):
+    with caplog.at_level(logging.WARNING, logger="streaming.engine.kafka_source"):
         assert unconfirmed.latestOffset(checkpoint, ReadAllAvailable()) == checkpoint
     # The end it reports: 5, or less from a broker that under-reports (tansu).
     assert re.search(
@@ -253,7 +253,7 @@ def test_a_partition_missing_from_the_metadata_is_gone_only_at_two_triggers_in_a
     source = reader(broker, topic, **{"kafkaConsumer.pollTimeoutMs": "300"})
     # The checkpoint has a partition 2 that the broker's metadata does not.
     checkpoint = {topic: {"0": 4, "1": 4, "2": 7}}
-    with caplog.at_level(logging.WARNING, logger="streaming.kafka_source"):
+    with caplog.at_level(logging.WARNING, logger="streaming.engine.kafka_source"):
         first = source.latestOffset(checkpoint, ReadAllAvailable())
     assert first == {topic: {"0": 10, "1": 10, "2": 7}}
     assert f"{topic}-2 is not in the broker's metadata; checking again" in caplog.text

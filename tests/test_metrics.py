@@ -17,15 +17,14 @@ from quotastream.redis_contract import Decision, decode_decision
 from state.config import parse_quota_config
 from state.configfile import ConfigError
 from state.events import EventBounds
-from streaming import metric_names as names
-from streaming.batch_summary import BatchSummary, SummaryRequest
-from streaming.exported_entities import ExportedEntities
-from streaming.exporter import EngineMetrics, KafkaEnds
-from streaming.metric_names import METRICS
-from streaming.services import LocalService
-from streaming.settings import EngineSettings, load_engine_settings
-from streaming.sinks import decision_values
-from streaming.stages import (
+from streaming.engine import metric_names as names
+from streaming.engine.batch_summary import BatchSummary, SummaryRequest
+from streaming.engine.exported_entities import ExportedEntities
+from streaming.engine.exporter import EngineMetrics, KafkaEnds
+from streaming.engine.metric_names import METRICS
+from streaming.engine.settings import EngineSettings, load_engine_settings
+from streaming.engine.sinks import decision_values
+from streaming.engine.stages import (
     DECISION,
     DECISION_SCHEMA,
     STAGE_SCHEMA,
@@ -34,6 +33,7 @@ from streaming.stages import (
     staged_batches,
     update_shard,
 )
+from streaming.services import LocalService
 from tests.factories import (
     BASE,
     MIXED_QUOTAS,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streaming.offsets import (
+from streaming.engine.offsets import (
     OffsetRange,
     SourceOptionError,
     SourceOptions,

@@ -11,17 +11,17 @@ import pytest
 import redis
 
 from quotastream.outage import OutageError
-from streaming.batch_summary import BatchReport, SummaryRequest
-from streaming.preflight import UnreachableError, check_kafka, check_redis
-from streaming.services import LocalService, free_port, start_redis
-from streaming.settings import KafkaSettings, RedisSettings
-from streaming.sinks import (
+from streaming.commands.preflight import UnreachableError, check_kafka, check_redis
+from streaming.engine.batch_summary import BatchReport, SummaryRequest
+from streaming.engine.settings import KafkaSettings, RedisSettings
+from streaming.engine.sinks import (
     SinkSettings,
     execute_with_retry,
     redis_client,
     write_batches,
 )
-from streaming.stages import DECISION_SCHEMA
+from streaming.engine.stages import DECISION_SCHEMA
+from streaming.services import LocalService, free_port, start_redis
 from tests.factories import decision_row
 
 PASSWORD = "s3cret-engine-pass"

@@ -22,17 +22,17 @@ from pyspark.sql import SparkSession
 
 from quotastream import QuotaClient
 from state.config import parse_quota_config
-from streaming.exporter import EngineMetrics
-from streaming.job import start_query
-from streaming.metric_names import (
+from streaming.engine.exporter import EngineMetrics
+from streaming.engine.job import start_query
+from streaming.engine.metric_names import (
     INPUT_BACKLOG,
     QUOTA_REQUESTS,
     QUOTA_UTILISATION,
     THROTTLE_TIME,
     THROTTLED_ENTITIES,
 )
+from streaming.engine.settings import EngineSettings
 from streaming.services import LocalService, free_port
-from streaming.settings import EngineSettings
 from tests.factories import produce
 from tests.test_streaming import SteadyTraffic, engine_settings, publish
 

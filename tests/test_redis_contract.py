@@ -25,11 +25,10 @@ from quotastream.redis_contract import (
 from state.config import parse_quota_config
 from state.events import EventBounds
 from state.remote_log_view import RemoteLog, RetentionView
-from streaming.batch_summary import throttled_at
-from streaming.live_view import Snapshot
-from streaming.services import LocalService, start_redis
-from streaming.sinks import SinkSettings, decision_values, write_batches
-from streaming.stages import (
+from streaming.commands.live_view import Snapshot
+from streaming.engine.batch_summary import throttled_at
+from streaming.engine.sinks import SinkSettings, decision_values, write_batches
+from streaming.engine.stages import (
     DECISION,
     DECISION_SCHEMA,
     TIMERS,
@@ -38,6 +37,7 @@ from streaming.stages import (
     staged_batches,
     update_shard,
 )
+from streaming.services import LocalService, start_redis
 from tests.factories import BASE, decision_row, produce
 
 CONFIG = parse_quota_config(

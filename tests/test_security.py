@@ -35,11 +35,18 @@ from redis.retry import Retry
 
 from quotastream.acl import ENGINE_USER, engine_acl, set_user
 from state.config import load_quota_config
-from streaming.job import source_options
-from streaming.metric_names import INPUT_BACKLOG
-from streaming.offsets import SourceOptions
-from streaming.preflight import DEFAULT_TIMEOUT_S, UnreachableError, check_kafka, check_redis
-from streaming.redaction import redact_logs
+from streaming.commands.preflight import (
+    DEFAULT_TIMEOUT_S,
+    UnreachableError,
+    check_kafka,
+    check_redis,
+)
+from streaming.commands.redaction import redact_logs
+from streaming.engine.job import source_options
+from streaming.engine.metric_names import INPUT_BACKLOG
+from streaming.engine.offsets import SourceOptions
+from streaming.engine.settings import EngineSettings
+from streaming.engine.sinks import SinkSettings
 from streaming.services import (
     LocalService,
     TlsFiles,
@@ -48,8 +55,6 @@ from streaming.services import (
     start_redis,
     start_tls_proxy,
 )
-from streaming.settings import EngineSettings
-from streaming.sinks import SinkSettings
 from tests.certificates import make_certificates, make_client_certificate
 from tests.expected import by_key, final_decisions
 from tests.factories import mixed_payloads

@@ -25,7 +25,13 @@ from state.core import QuotaCore
 from state.events import EventBounds
 from state.shard import ShardState
 from state.throttle_timers import ThrottleTimers
-from streaming.stages import KafkaRecords, StageSettings, group_rows, staged_batches, update_shard
+from streaming.engine.stages import (
+    KafkaRecords,
+    StageSettings,
+    group_rows,
+    staged_batches,
+    update_shard,
+)
 from tests.factories import BASE, produce
 
 GENERATIONS = 14

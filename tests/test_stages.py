@@ -24,7 +24,7 @@ from state.live_config import (
 )
 from state.quota_types import QuotaType
 from state.shard import ShardState
-from streaming.stages import (
+from streaming.engine.stages import (
     DECISION,
     REJECT,
     REMOTE_LOG,

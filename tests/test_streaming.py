@@ -27,14 +27,14 @@ from quotastream.redis_contract import release_channel
 from state.config import parse_quota_config
 from state.events import parse_events
 from state.live_config import Change, SetClientQuota, SetEnforcement
-from streaming.config_log import ConfigLog
-from streaming.exporter import EngineMetrics
-from streaming.job import start_query
-from streaming.metric_names import REDIS_WRITE_FAILURES
-from streaming.offsets import records_read
+from streaming.engine.config_log import ConfigLog
+from streaming.engine.exporter import EngineMetrics
+from streaming.engine.job import start_query
+from streaming.engine.metric_names import REDIS_WRITE_FAILURES
+from streaming.engine.offsets import records_read
+from streaming.engine.settings import EngineSettings
+from streaming.engine.source_status import read_status
 from streaming.services import LocalService, start_redis
-from streaming.settings import EngineSettings
-from streaming.source_status import read_status
 from tests.checkpoint import planned_batches
 from tests.expected import by_key, final_decisions
 from tests.factories import (

@@ -18,9 +18,9 @@ import yaml
 from state.config import QuotaConfig, parse_quota_config
 from state.core import QuotaCore
 from state.events import EventBounds, parse_events
-from streaming.cli import main
-from streaming.exit_codes import EXIT_OK, EXIT_USAGE
-from streaming.whatif import compare, figure, trace
+from streaming.commands.cli import main
+from streaming.commands.exit_codes import EXIT_OK, EXIT_USAGE
+from streaming.commands.whatif import compare, figure, trace
 from tests.factories import BASE, MIXED_QUOTAS, mixed_payloads, produce
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -291,7 +291,7 @@ def test_what_if_without_plot_does_not_load_matplotlib(cli: Cli) -> None:
     events = cli.events(burst("alice", 2000, 3))
     script = (
         "import sys\n"
-        "from streaming.cli import main\n"
+        "from streaming.commands.cli import main\n"
         f"code = main(['replay', {str(events)!r}, '--config', {str(alternative)!r},"
         f" '--what-if', 'alt=' + {str(alternative)!r}])\n"
         "assert code == 0, code\n"

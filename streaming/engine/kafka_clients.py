@@ -1,0 +1,145 @@
+"""kafka-python clients as the engine uses them: consumers without a group, true end offsets,
+and calls that ride out a broker outage.
+
+An outage is what kafka-python calls a retriable error: a refused or lost connection, a request
+timeout, a partition without a leader (a broker restarting, a leader moving). Every Kafka call
+of the engine treats one the same way (:func:`ride_out`, :class:`quotastream.outage.Outage`):
+wait and try again, one warning as the outage begins and one as it ends, and give up only after
+``kafka.max_outage_s``. Anything else (a refused login, a missing topic's authorisation, lost
+offsets) is not waited out.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
+
+from quotastream.outage import Outage
+from streaming.engine.offsets import Offsets
+
+log = logging.getLogger(__name__)
+
+# kafka-python logs every failed reconnect and metadata refresh at ERROR, several a second while
+# a broker is down; the engine reports an outage itself, once as it begins and once as it ends.
+for _noisy in ("kafka.net", "kafka.cluster"):
+    logging.getLogger(_noisy).setLevel(logging.CRITICAL)
+
+#: The pause between two attempts while a broker is unreachable (each attempt has its own
+#: timeout, so this only keeps a refused connection from being retried in a busy loop).
+RETRY_PAUSE_S = 0.5
+
+#: The shortest request timeout given to a consumer (it must outlast a fetch's long poll).
+_MIN_REQUEST_TIMEOUT_MS = 1_000
+
+#: The longest pause between two attempts to connect to a broker. kafka-python 3 doubles the
+#: pause after each refused attempt up to 30 s, so a broker back after an outage of a minute
+#: went unnoticed for up to half a minute more (a trigger after it still planned nothing, and
+#: every executor's consumer waited its own pause); Java's client stops at 1 s too.
+RECONNECT_BACKOFF_MAX_MS = 1_000
+
+T = TypeVar("T")
+
+
+def is_outage(error: BaseException) -> bool:
+    """An unreachable or leaderless broker, or a timeout: worth waiting out."""
+    return isinstance(error, KafkaError) and bool(error.retriable)
+
+
+def kafka_outage(bootstrap_servers: str, max_outage_s: float | None, **options: Any) -> Outage:
+    """The outage clock of one Kafka cluster, named by its bootstrap servers."""
+    return Outage(f"Kafka at {bootstrap_servers}", max_outage_s, logger=log, **options)
+
+
+def ride_out(call: Callable[[], T], outage: Outage, pause_s: float = RETRY_PAUSE_S) -> T:
+    """``call()`` until it succeeds. Each outage in between counts toward ``outage``, which gives
+    up after its ``max_outage_s``; any other error is raised at once."""
+    while True:
+        try:
+            result = call()
+        except KafkaError as error:
+            if not is_outage(error):
+                raise
+            outage.failed(error)
+            time.sleep(pause_s)
+            continue
+        outage.recovered()
+        return result
+
+
+def new_consumer(
+    bootstrap_servers: str, client: Mapping[str, Any], request_timeout_ms: int
+) -> KafkaConsumer:
+    """A consumer that reads assigned partitions from given offsets and commits nothing.
+
+    It never creates a topic by asking for it: a broker that lost its topics would otherwise
+    recreate them with its default partition count, hiding the loss.
+
+    No request waits longer than ``request_timeout_ms`` (unless ``client`` says otherwise):
+    some of kafka-python's waits (a metadata refresh) have no bound of their own but this one,
+    30 s by default, and a hung broker would hold a trigger for that long. The same bound holds
+    for meeting the broker at all, and a broker that comes back is noticed within
+    :data:`RECONNECT_BACKOFF_MAX_MS`.
+    """
+    settings: dict[str, Any] = {
+        "bootstrap_servers": bootstrap_servers.split(","),
+        "group_id": None,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "none",
+        "allow_auto_create_topics": False,
+        # kafka-python requires it above the fetch's long poll (fetch_max_wait_ms, 500 ms).
+        "request_timeout_ms": max(request_timeout_ms, _MIN_REQUEST_TIMEOUT_MS),
+        # A consumer made while the broker is down (a query or an executor starting during an
+        # outage) waits this long to meet it, 30 s by default.
+        "bootstrap_timeout_ms": max(request_timeout_ms, _MIN_REQUEST_TIMEOUT_MS),
+        "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
+        **client,
+    }
+    return KafkaConsumer(**settings)
+
+
+def true_end_offsets(
+    consumer: KafkaConsumer, partitions: Sequence[TopicPartition], timeout_ms: int
+) -> Offsets:
+    """Each partition's end offset as its records show it (:func:`checked_end_offsets`)."""
+    return checked_end_offsets(consumer, partitions, timeout_ms)[0]
+
+
+def checked_end_offsets(
+    consumer: KafkaConsumer, partitions: Sequence[TopicPartition], timeout_ms: int
+) -> tuple[Offsets, set[tuple[str, int]]]:
+    """Each partition's end offset as its records show it, and the partitions whose end could
+    not be checked in time (their reported end is given, and may be too low). Each request waits
+    at most ``timeout_ms``; a broker that does not answer raises kafka-python's timeout.
+
+    ListOffsets can undercount on some brokers; reading from the last offset it reports and taking
+    the fetch's high watermark gives the true end (on Apache Kafka it changes nothing).
+    """
+    if not partitions:
+        return {}, set()
+    reported = consumer.end_offsets(list(partitions), timeout_ms=timeout_ms)
+    earliest = consumer.beginning_offsets(list(partitions), timeout_ms=timeout_ms)
+    ends = {tp: reported[tp] for tp in partitions}
+    pending = {tp for tp in partitions if reported[tp] > earliest[tp]}
+    consumer.assign(list(partitions))
+    for tp in partitions:
+        consumer.seek(tp, reported[tp] - 1 if tp in pending else reported[tp])
+    deadline = time.monotonic() + timeout_ms / 1000
+    while pending and time.monotonic() < deadline:
+        for tp, records in consumer.poll(timeout_ms=100, max_records=100_000).items():
+            if records:
+                highwater = consumer.highwater(tp) or 0
+                ends[tp] = max(ends[tp], records[-1].offset + 1, highwater)
+                pending.discard(tp)
+    for tp in pending:
+        log.warning("%s: no records at its reported end in %d ms", partition_name(tp), timeout_ms)
+    offsets = {(tp.topic, tp.partition): end for tp, end in ends.items()}
+    return offsets, {(tp.topic, tp.partition) for tp in pending}
+
+
+def partition_name(tp: TopicPartition) -> str:
+    return f"{tp.topic}-{tp.partition}"
