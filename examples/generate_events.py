@@ -1,4 +1,5 @@
-"""Writes examples/events.jsonl: one minute of the simulated traffic (streaming/commands/traffic.py).
+"""Writes examples/events.jsonl: one minute of the simulated traffic
+(``streaming/commands/traffic.py``).
 
 Run from the repository root: ``python examples/generate_events.py``. Deterministic (seeded), so
 the committed file can be regenerated exactly.

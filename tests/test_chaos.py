@@ -52,10 +52,11 @@ from streaming.engine.stages import (
     staged_batches,
     update_shard,
 )
-from streaming.services import LocalService, start_spark_cluster
+from streaming.services import LocalService
 from tests.checkpoint import PlannedBatch, committed_batches, planned_batches, states_written
 from tests.expected import by_key, final_decisions, replayed, window_state
 from tests.factories import MIXED_QUOTAS, mixed_payloads
+from tests.servers import start_spark_cluster
 
 KILLS = 10
 #: Every fourth kill lands while the driver starts: session, query start, first batch.
@@ -181,7 +182,8 @@ class UnkilledRun:
         topic: str,
         records: dict[tuple[int, int], bytes],
     ) -> None:
-        # As the engine's query builds them (streaming/engine/job.py start_query), one configuration.
+        # As the engine's query builds them (streaming/engine/job.py start_query): one
+        # configuration.
         self.stage = StageSettings.of(settings, config)
         self.prefix = settings.redis.key_prefix
         self.topic = topic

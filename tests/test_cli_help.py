@@ -1,5 +1,6 @@
 """Every command's ``--help`` ends with an example that parses, ``--version`` answers, and the
-exit-code table in ``docs/operations.md`` is the one ``streaming/commands/exit_codes.py`` defines."""
+exit-code table in ``docs/operations.md`` is the one ``streaming/commands/exit_codes.py``
+defines."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """docker-compose's init step creates the topics the shipped engine settings name, and the
-configuration topic exactly as the engine requires it (one definition: ``streaming/engine/config_log.py``).
+configuration topic exactly as the engine requires it (one definition:
+``streaming/engine/config_log.py``).
 
 A configuration topic made any other way is refused by the engine at start (exit 2), and
 ``restart: unless-stopped`` would repeat that forever: this test is what keeps

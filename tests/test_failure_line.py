@@ -28,8 +28,8 @@ Current Committed Offsets: {{...}}
             "KafkaConnectionError: 111 ECONNREFUSED",
         ),
         (
-            "streaming.engine.kafka_source.DataLossError: e-0: the next offset to read is 100 but the "
-            "log ends at 2; records the query has not read are gone (failOnDataLoss=true)",
+            "streaming.engine.kafka_source.DataLossError: e-0: the next offset to read is 100 but "
+            "the log ends at 2; records the query has not read are gone (failOnDataLoss=true)",
             "e-0: the next offset to read is 100 but the log ends at 2; records the query has "
             "not read are gone (failOnDataLoss=true)",
         ),

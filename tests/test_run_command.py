@@ -230,7 +230,7 @@ def test_simulate_fails_in_one_line_when_kafka_is_unreachable(tmp_path: Path) ->
     # The command gives up on a silent broker after the preflight timeout, which no option
     # sets: one second instead of its ten keeps the wait short, the process and its output real.
     shim = (
-        "import sys; import streaming.commands.preflight; streaming.commands.preflight.DEFAULT_TIMEOUT_S = 1.0; "
+        "import sys; from streaming.commands import preflight; preflight.DEFAULT_TIMEOUT_S = 1.0; "
         "from streaming.commands.cli import main; "
         f"sys.exit(main(['simulate', '--engine-config', {str(engine)!r}, '--duration', '5']))"
     )

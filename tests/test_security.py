@@ -53,11 +53,11 @@ from streaming.services import (
     free_port,
     start_kafka,
     start_redis,
-    start_tls_proxy,
 )
 from tests.certificates import make_certificates, make_client_certificate
 from tests.expected import by_key, final_decisions
 from tests.factories import mixed_payloads
+from tests.servers import start_tls_proxy
 from tests.test_chaos import batches_needed, commits, engine_file, quotastream, stored_decisions
 
 #: The Redis admin's password: the servers' own, never given to the engine.

@@ -16,11 +16,11 @@ from streaming.services import (
     INSTALL_EMBEDDED,
     MissingPackageError,
     ServiceError,
-    _start,
     free_port,
     redis_binary,
     start_kafka,
     start_redis,
+    start_server,
     tansu_binary,
 )
 
@@ -63,7 +63,7 @@ def test_free_ports_are_outside_the_range_outgoing_connections_take() -> None:
 
 def test_a_server_that_cannot_start_is_reported_with_its_output() -> None:
     with pytest.raises(ServiceError, match="broken did not start") as caught:
-        _start(
+        start_server(
             "broken",
             lambda port, workdir: ["sh", "-c", "echo no such luck; exit 3"],
             ready=lambda port, log: False,

@@ -1,13 +1,12 @@
 """What a micro-batch's writers tell the driver's metrics: a bounded summary of what they wrote.
 
-Each writer (:func:`streaming.engine.sinks.write_batches`, on the executors) returns, when the driver
-asks (:class:`SummaryRequest`), a small :data:`SUMMARY_SCHEMA` table besides writing Redis: the
-decisions that could be exported (per Arrow batch, the ``top_k`` per quota by rank,
-every one throttled at the write, and every one the driver tracks already), rejects by reason,
-requests by quota, timer counts per shard, remote log totals per partition, and the newest event
-time. A kept decision travels as the very value written to Redis, so the driver reads it as an
-agent does (:mod:`quotastream.redis_contract`). :class:`BatchReport` merges the writers' tables
-on the driver.
+Each writer (:func:`streaming.engine.sinks.write_batches`, on the executors) returns, when the
+driver asks (:class:`SummaryRequest`), a small :data:`SUMMARY_SCHEMA` table besides writing Redis:
+the decisions that could be exported (per Arrow batch, the ``top_k`` per quota by rank, every one
+throttled at the write, and every one the driver tracks already), rejects by reason, requests by
+quota, timer counts per shard, remote log totals per partition, and the newest event time. A kept
+decision travels as the very value written to Redis, so the driver reads it as an agent does
+(:mod:`quotastream.redis_contract`). :class:`BatchReport` merges the writers' tables on the driver.
 """
 
 from __future__ import annotations
@@ -35,9 +34,9 @@ REQUESTS = "requests"
 TIMERS = "timers"
 REMOTE_LOG = "remote_log"
 
-#: The output of :func:`streaming.engine.sinks.write_batches` when asked for a summary: one ``summary``
-#: row per Arrow batch written, then its kept decisions, rejects by reason, requests by quota,
-#: timer counts and remote log totals.
+#: The output of :func:`streaming.engine.sinks.write_batches` when asked for a summary: one
+#: ``summary`` row per Arrow batch written, then its kept decisions, rejects by reason, requests by
+#: quota, timer counts and remote log totals.
 SUMMARY_SCHEMA = pa.schema(
     [
         ("kind", pa.string()),
@@ -119,8 +118,8 @@ class BatchSummary:
     def decisions_of(self, decisions: pa.RecordBatch, values: list[bytes]) -> None:
         """Decision rows and the values written for them, column by column: a batch may hold
         every entity of a shard. Kept: the throttled, the tracked, and the top ``top_k`` per
-        quota of the rest by rank (:func:`streaming.engine.exported_entities.rank`, in column form; ties:
-        the later row)."""
+        quota of the rest by rank (:func:`streaming.engine.exported_entities.rank`, in column
+        form; ties: the later row)."""
         count = decisions.num_rows
         if not count:
             return

@@ -1,9 +1,10 @@
 """The per-entity series' bounded set, on the driver: which entities are exported, and their
 latest decisions (plain Python, no Prometheus).
 
-The exporter folds each micro-batch's decisions in (:class:`~streaming.engine.batch_summary.BatchReport`);
-kept are the top ``top_k`` per quota by :func:`rank` and every entity throttled now. Entities
-that leave the set are forgotten, so their series disappear.
+The exporter folds each micro-batch's decisions in
+(:class:`~streaming.engine.batch_summary.BatchReport`); kept are the top ``top_k`` per quota by
+:func:`rank` and every entity throttled now. Entities that leave the set are forgotten, so their
+series disappear.
 """
 
 from __future__ import annotations

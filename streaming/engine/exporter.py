@@ -3,8 +3,8 @@
 Where the values come from:
 
 * Each micro-batch's writers return a bounded summary of what they wrote
-  (:mod:`streaming.engine.batch_summary`); :meth:`EngineMetrics.record_batch` folds it into the exported
-  set (:mod:`streaming.engine.exported_entities`) and the counters.
+  (:mod:`streaming.engine.batch_summary`); :meth:`EngineMetrics.record_batch` folds it into the
+  exported set (:mod:`streaming.engine.exported_entities`) and the counters.
 * Spark's progress events (a listener, :meth:`EngineMetrics.attach`) give the batch duration, the
   rates and the input count.
 * The Kafka source's outage clock on the driver comes in a status file
@@ -171,8 +171,8 @@ class EngineMetrics:
     def from_settings(
         cls, settings: Any, keep_ms: int | None = None, kafka: Any = None
     ) -> EngineMetrics:
-        """From ``EngineSettings.metrics`` (a :class:`streaming.engine.settings.MetricsSettings`); with
-        ``kafka`` (``EngineSettings.kafka``) the input backlog is measured too."""
+        """From ``EngineSettings.metrics`` (a :class:`streaming.engine.settings.MetricsSettings`);
+        with ``kafka`` (``EngineSettings.kafka``) the input backlog is measured too."""
         input_ends = None
         if kafka is not None:
             input_ends = KafkaEnds(kafka.bootstrap_servers, kafka.client_settings(), kafka.topics)

@@ -56,11 +56,11 @@ _NO_ROWS = pd.DataFrame(columns=STAGE_SCHEMA.names)
 def local_spark(settings: EngineSettings, app_name: str = "quotastream") -> SparkSession:
     """A Spark session for the engine; workers run this interpreter (where quotastream is).
 
-    Quiet as shipped: the driver logs through ``streaming/engine/log4j2.properties`` (WARN, without the
-    loggers that report a normal run and stop), no console progress bars, and the Python workers
-    do not print pandas' FutureWarning about PySpark's own padding of applyInPandasWithState
-    output (``pyspark/worker.py``; the engine's own frames avoid the deprecated case). A local
-    master binds loopback: nothing outside this machine talks to it, and Spark warns otherwise.
+    Quiet as shipped: the driver logs through ``streaming/engine/log4j2.properties`` (WARN, without
+    the loggers that report a normal run and stop), no console progress bars, and the Python workers
+    do not print pandas' FutureWarning about PySpark's own padding of applyInPandasWithState output
+    (``pyspark/worker.py``; the engine's own frames avoid the deprecated case). A local master binds
+    loopback: nothing outside this machine talks to it, and Spark warns otherwise.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if settings.spark.master.startswith("local"):

@@ -2,11 +2,11 @@
 
 Spark's JVM Kafka connector is not always available, so quotastream reads Kafka itself, and
 decides where the event enters: each read parses, validates, resolves and sums its records on
-the executor that fetched them (``streaming.engine.stages.staged_batches``), so the source's rows are
-usage sums, segment events and rejects, and raw payloads never cross into the JVM.
+the executor that fetched them (``streaming.engine.stages.staged_batches``), so the source's rows
+are usage sums, segment events and rejects, and raw payloads never cross into the JVM.
 
-* offsets per topic-partition live in Spark's checkpoint (``streaming.engine.offsets``), so a restarted
-  query replays exactly the ranges of the batch it did not finish;
+* offsets per topic-partition live in Spark's checkpoint (``streaming.engine.offsets``), so a
+  restarted query replays exactly the ranges of the batch it did not finish;
 * one input partition per topic-partition range; each Python worker keeps one cached consumer
   (a fresh consumer per read costs hundreds of milliseconds);
 * the end of a partition is what its records say, not only what ListOffsets says: some brokers

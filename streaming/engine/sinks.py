@@ -200,7 +200,8 @@ def write_batches(
     """Writes one partition of a micro-batch's output; yields how many rows went where.
 
     With a ``summary`` request, yields instead a bounded summary of what was written for the
-    metrics (:data:`WRITE_SUMMARY`, ``streaming/engine/batch_summary.py``), with the failed Redis attempts.
+    metrics (:data:`WRITE_SUMMARY`, ``streaming/engine/batch_summary.py``), with the failed Redis
+    attempts.
     """
     client = redis_client(settings)
     for batch in batches:

@@ -1,4 +1,5 @@
-"""The error that refuses an admin command, with its exit code (``streaming/commands/exit_codes.py``)."""
+"""The error that refuses an admin command, with its exit code
+(``streaming/commands/exit_codes.py``)."""
 
 from __future__ import annotations
 
