@@ -105,8 +105,8 @@ def accepted_batches(
 def decision_lines(decisions: pd.DataFrame) -> list[str]:
     """JSON lines in input order, each with the fields of its quota.
 
-    Numbers are written as the Redis values are (``streaming.engine.sinks``, msgspec): a float as
-    the shortest decimal that reads back as the same double, so a rate is the core's exact value
+    Numbers are written as the Redis values are (``quotastream.redis_contract``, msgspec): a float
+    as the shortest decimal that reads back as the same double, so a rate is the core's exact value
     without digits past a double's precision; null where NaN (unlimited).
     """
     lines = np.empty(len(decisions), dtype=object)
