@@ -26,8 +26,9 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from datetime import datetime
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kafka import TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -103,66 +104,50 @@ class EngineMetrics:
         self.source_status_file = Path(self._status_dir.name) / "kafka-source.json"
         #: Topics whose records count as input (``attach``); None: every topic of the source.
         self.event_topics: Collection[str] | None = None
-        registry = self.registry
-        self.remote_log_size = Gauge(
-            REMOTE_LOG_SIZE,
-            "Remote log size of a partition (Kafka RemoteLogSizeBytes)",
-            ["topic", "partition"],
-            registry=registry,
+        declare = partial(_declared, self.registry)
+        self.remote_log_size = declare(
+            Gauge, REMOTE_LOG_SIZE, "Remote log size of a partition (Kafka RemoteLogSizeBytes)"
         )
-        self.timers_pending = Gauge(
-            TIMERS_PENDING, "Pending throttle timers, all shards", registry=registry
-        )
-        self.timers_fired = Counter(TIMERS_FIRED, "Throttle timers fired", registry=registry)
-        self.timers_cancelled = Counter(
-            TIMERS_CANCELLED, "Throttle timers cancelled", registry=registry
-        )
-        self.dead_letter = Counter(
-            DEAD_LETTER_EVENTS, "Rejected events, by reason", ["reason"], registry=registry
-        )
-        self.input_events = Counter(INPUT_EVENTS, "Kafka records read", registry=registry)
-        self.requests = Counter(
+        self.timers_pending = declare(Gauge, TIMERS_PENDING, "Pending throttle timers, all shards")
+        self.timers_fired = declare(Counter, TIMERS_FIRED, "Throttle timers fired")
+        self.timers_cancelled = declare(Counter, TIMERS_CANCELLED, "Throttle timers cancelled")
+        self.dead_letter = declare(Counter, DEAD_LETTER_EVENTS, "Rejected events, by reason")
+        self.input_events = declare(Counter, INPUT_EVENTS, "Kafka records read")
+        self.requests = declare(
+            Counter,
             QUOTA_REQUESTS,
             "Requests the accepted events stood for (their count), by quota",
-            ["quota"],
-            registry=registry,
         )
         for quota in QUOTAS:  # each quota's series from 0, so that rate() sees its first batch
             self.requests.labels(quota=quota)
-        self.batch_duration = Histogram(
+        self.batch_duration = declare(
+            Histogram,
             BATCH_DURATION,
             "Micro-batch trigger execution time",
             buckets=BATCH_DURATION_BUCKETS,
-            registry=registry,
         )
-        self.input_rate = Gauge(
-            INPUT_ROWS_PER_SECOND, "Input rows per second, last batch", registry=registry
+        self.input_rate = declare(Gauge, INPUT_ROWS_PER_SECOND, "Input rows per second, last batch")
+        self.processed_rate = declare(
+            Gauge, PROCESSED_ROWS_PER_SECOND, "Processed rows per second, last batch"
         )
-        self.processed_rate = Gauge(
-            PROCESSED_ROWS_PER_SECOND, "Processed rows per second, last batch", registry=registry
-        )
-        self.event_lag = Gauge(
+        self.event_lag = declare(
+            Gauge,
             EVENT_LAG,
             "Wall clock at write minus the newest event time decided in the last batch",
-            registry=registry,
         )
-        self.config_version = Gauge(
-            CONFIG_VERSION, "Live configuration version of the newest decision", registry=registry
+        self.config_version = declare(
+            Gauge, CONFIG_VERSION, "Live configuration version of the newest decision"
         )
-        self.last_batch = Gauge(
-            LAST_BATCH_TIMESTAMP, "When the last micro-batch finished", registry=registry
+        self.last_batch = declare(Gauge, LAST_BATCH_TIMESTAMP, "When the last micro-batch finished")
+        self.redis_write_failures = declare(
+            Counter, REDIS_WRITE_FAILURES, "Failed Redis write attempts (retried with backoff)"
         )
-        self.redis_write_failures = Counter(
-            REDIS_WRITE_FAILURES,
-            "Failed Redis write attempts (retried with backoff)",
-            registry=registry,
-        )
-        self.source_data_loss = Counter(
+        self.source_data_loss = declare(
+            Counter,
             SOURCE_DATA_LOSS,
             "Times a partition's log restarted below the offsets read (failOnDataLoss=false)",
-            ["topic", "partition"],
-            registry=registry,
         )
+        registry = self.registry
         registry.register(_EntityCollector(self))
         registry.register(_KafkaOutageCollector(self))
         registry.register(_BacklogCollector(self))
@@ -318,6 +303,23 @@ class EngineMetrics:
         for quota, count in throttled.items():
             counts.add_metric([quota], count)
         yield from (rate, limit, ratio, throttle, counts)
+
+
+_Instrument = TypeVar("_Instrument", Gauge, Counter, Histogram)
+
+
+def _declared(
+    registry: CollectorRegistry,
+    kind: type[_Instrument],
+    name: str,
+    documentation: str,
+    **options: Any,
+) -> _Instrument:
+    """One of the exporter's own metrics, with the type and labels :data:`METRICS` gives it."""
+    declared_kind, labels = METRICS[name]
+    if kind.__name__.lower() != declared_kind:
+        raise TypeError(f"{name} is a {declared_kind} in METRICS, not a {kind.__name__}")
+    return kind(name, documentation, labels, registry=registry, **options)
 
 
 def _finite(value: Any) -> float:
