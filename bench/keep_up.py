@@ -6,7 +6,7 @@ and a batch's cost per event falls as it carries more events for the same entiti
 state is restored and encoded once per batch, whatever the batch's size). So this runs the
 engine as shipped and offers the load:
 
-1. tansu, Redis and local Spark (``local[2]``) on this machine; the topic has ``PARTITIONS``
+1. Apache Kafka, Redis and local Spark (``local[2]``) on this machine; the topic has ``PARTITIONS``
    partitions.
 2. Pre-load: each of the ``--clients`` clients sends one event (``pipeline.scale_messages``,
    ``--per-message`` events per message); the query drains them all before the window opens,
@@ -90,9 +90,10 @@ from pipeline import CONFIG, PARTITIONS, create_topic, publish, scale_messages, 
 from results import record  # bench/ is on sys.path when a script in it runs
 
 from streaming.engine.job import GracefulStop, local_spark, start_query
-from streaming.engine.kafka_clients import true_end_offsets
+from streaming.engine.kafka_clients import end_offsets
 from streaming.engine.offsets import records_read
-from streaming.services import LocalService, start_kafka, start_redis
+from streaming.kafka_broker import start_kafka
+from streaming.services import LocalService, start_redis
 
 SAMPLE_S = 5.0
 #: How long the pre-load and the catch-up may take before the run is reported as stuck.
@@ -145,10 +146,9 @@ class Watch:
         self.consumer = KafkaConsumer(bootstrap_servers=kafka.address, enable_auto_commit=False)
 
     def topic_end(self) -> int:
-        """The topic's records, all partitions: their true ends (tansu's ListOffsets reports
-        the last record batch's base offset, ``true_end_offsets`` reads past it)."""
+        """The topic's records, all partitions."""
         partitions = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
-        return sum(true_end_offsets(self.consumer, partitions, timeout_ms=30_000).values())
+        return sum(end_offsets(self.consumer, partitions, timeout_ms=30_000).values())
 
     def new_batches(self) -> list[Batch]:
         found = []

@@ -32,7 +32,8 @@ from streaming.engine.exporter import EngineMetrics
 from streaming.engine.job import local_spark, start_query
 from streaming.engine.metric_names import EVENT_LAG
 from streaming.engine.offsets import records_read
-from streaming.services import LocalService, start_kafka, start_redis
+from streaming.kafka_broker import start_kafka
+from streaming.services import LocalService, start_redis
 
 TOPIC = "overload"
 

@@ -1,4 +1,5 @@
-"""The whole pipeline on local Spark: Kafka -> engine -> Redis, with real servers (tansu, Redis).
+"""The whole pipeline on local Spark: Kafka -> engine -> Redis, with real servers (Apache Kafka,
+Redis).
 
 Prints one JSON object and appends it to bench/results/pipeline.jsonl:
 
@@ -59,7 +60,8 @@ from streaming.engine.stages import (
     staged_batches,
     update_shard,
 )
-from streaming.services import LocalService, start_kafka, start_redis
+from streaming.kafka_broker import start_kafka
+from streaming.services import LocalService, start_redis
 
 CONFIG = parse_quota_config(
     {

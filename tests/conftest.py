@@ -16,7 +16,8 @@ from pyspark.sql import SparkSession
 from streaming.commands.cli import main
 from streaming.engine.job import local_spark
 from streaming.engine.settings import EngineSettings
-from streaming.services import LocalService, start_kafka, start_redis
+from streaming.kafka_broker import KafkaNode, start_kafka
+from streaming.services import LocalService, start_redis
 
 # CI runs the same examples every time so that a red build always reproduces; locally, hypothesis
 # explores new ones on each run, and ``scripts/test --explore`` (nightly-style) draws new ones in
@@ -92,7 +93,6 @@ STARTED_BY_FIXTURE: Final[Mapping[str, str]] = {
     "tests.conftest.redis_server": SERVERS,
     "tests.test_agent_client.acl_server": SERVERS,
     "tests.test_kafka_outage.broker": SERVERS,
-    "tests.test_kafka_source.broker": SERVERS,
     "tests.test_outages.secured_redis": SERVERS,
     "tests.test_redis_contract.server": SERVERS,
     "tests.test_security.servers": SERVERS,
@@ -133,7 +133,9 @@ STARTS_SERVERS_ITSELF: Final[Mapping[str, tuple[str, ...]]] = {
         "test_redis_starts_serves_and_stops",
         "test_two_servers_get_different_ports",
         "test_free_ports_are_outside_the_range_outgoing_connections_take",
-        "test_kafka_broker_starts_and_takes_records",
+        "test_an_apache_kafka_broker_starts_takes_records_and_keeps_them_across_a_restart",
+        "test_a_broker_started_anew_on_a_port_has_an_empty_log",
+        "test_a_three_node_cluster_replicates_and_survives_a_node_down",
     ),
     "test_streaming.py": (
         "test_a_redis_outage_stalls_the_query_and_every_event_is_decided_after_it",
@@ -220,9 +222,10 @@ def spark() -> Iterator[SparkSession]:
     session.stop()
 
 
-@pytest.fixture(scope="module")
-def kafka() -> Iterator[LocalService]:
-    """A Kafka-compatible broker (tansu) on a free loopback port, one per test module."""
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[KafkaNode]:
+    """An Apache Kafka broker on a free loopback port, shared by the whole session: each test
+    uses topics of its own. A test that stops, pauses or restarts a broker starts its own."""
     with start_kafka() as service:
         yield service
 

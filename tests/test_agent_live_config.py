@@ -1,6 +1,6 @@
 """Agents resolve clients with the live configuration the engine publishes, without a restart:
 the publication (``quotastream/published_config.py``) against a real Redis, then a running
-engine (real tansu, Redis and Spark) and a live ``quota set``."""
+engine (real Apache Kafka, Redis and Spark) and a live ``quota set``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
 """Broker faults under a running query: a broker that loses its log, and one that keeps it.
 
-An in-memory broker restarted forgets every record: the offsets in the checkpoint point past the
-end of the new log. With failOnDataLoss the query fails naming topic, partition and offsets;
-without it the engine warns, counts it and reads the new log from its beginning. A broker that
-keeps its log in an object store (tansu on S3, SeaweedFS) restarts without losing a record; while
-it is down the query waits for it (a Kafka outage), for as long as ``kafka.max_outage_s``.
+A broker started anew on its port with an empty log (its disk lost) has forgotten every record:
+the offsets in the checkpoint point past the end of the new log. With failOnDataLoss the query
+fails naming topic, partition and offsets; without it the engine warns, counts it and reads the
+new log from its beginning. A broker that keeps its log (Kafka's own, on disk) restarts without
+losing a record; while it is down the query waits for it (a Kafka outage), for as long as
+``kafka.max_outage_s``.
 """
 
 from __future__ import annotations
@@ -37,10 +38,10 @@ from streaming.engine.kafka_source import KafkaStreamReader
 from streaming.engine.metric_names import KAFKA_OUTAGE, KAFKA_OUTAGES, SOURCE_DATA_LOSS
 from streaming.engine.offsets import SourceOptions
 from streaming.engine.source_status import read_status
-from streaming.services import LocalService, start_kafka
+from streaming.kafka_broker import KafkaNode, start_kafka
+from streaming.services import LocalService
 from tests.checkpoint import PlannedBatch, planned_batches
 from tests.factories import MIXED_QUOTAS, mixed_payloads, produce
-from tests.servers import start_object_store
 from tests.test_chaos import assert_matches_batch_recomputation, commits, engine_file, quotastream
 from tests.test_metrics import samples
 from tests.test_streaming import engine_settings, publish
@@ -71,8 +72,8 @@ def wait_until_read(query: StreamingQuery, topic: str, count: int, timeout_s: fl
         time.sleep(0.2)
 
 
-def restarted_empty(broker: LocalService) -> LocalService:
-    """The in-memory broker stopped and started again on its port: its log is gone."""
+def restarted_empty(broker: LocalService) -> KafkaNode:
+    """The broker stopped and started anew on its port: its log is gone."""
     port = broker.port
     broker.stop()
     return start_kafka(port=port)
@@ -90,8 +91,8 @@ def test_offsets_lost_with_the_broker_fail_the_query_naming_them(
         query = start_query(spark, settings, CONFIG)
         wait_until_read(query, topic, 300)
         broker = restarted_empty(broker)
-        # The topic comes back as a client asks for it (tansu creates topics on demand).
-        publish(broker, topic, mixed_payloads(4, 6, users=3), create=False)
+        # Created again, as an operator would, and written to.
+        publish(broker, topic, mixed_payloads(4, 6, users=3))
         with pytest.raises(StreamingQueryException) as failed:
             query.awaitTermination(120)
     finally:
@@ -131,7 +132,7 @@ def test_offsets_lost_with_the_broker_are_counted_and_the_new_log_read_when_tole
         # Back with a short log: read from its beginning, so the newcomer is decided.
         ts = int(time.time() * 1000)
         late = json.dumps(produce("late", "c", 100, ts)).encode()
-        publish(broker, topic, [late] * 6, create=False)
+        publish(broker, topic, [late] * 6)
         agent = QuotaClient.connect(redis_server.host, redis_server.port, topic, CONFIG)
         entity = agent.entity_of_client("produce", user="late", client_id="c", broker=1)
         deadline = time.monotonic() + 120
@@ -188,46 +189,41 @@ def test_a_broker_back_after_a_long_outage_is_noticed_within_a_second_or_two() -
     where each consumer is in its pause when the broker returns is a matter of chance."""
     topic = f"back-{uuid.uuid4().hex[:8]}"
     values = mixed_payloads(7, 600, users=4, span_ms=5000)
-    with start_object_store() as store:
-        storage, environment = f"s3://{store.bucket}/", store.environment()
-        broker = start_kafka(storage=storage, storage_environment=environment)
-        options = {
-            "kafka.bootstrap.servers": broker.address,
-            "subscribe": topic,
-            "startingOffsets": "earliest",
-        }
-        sources = [KafkaStreamReader(SourceOptions.parse(options)) for _ in range(3)]
-        try:
-            publish(broker, topic, values[:300])
-            start = sources[0].latestOffset(sources[0].initialOffset(), ReadAllAvailable())
-            assert sum(start[topic].values()) == 300
-            # Each has met the broker, as the source of a running query has.
-            assert all(
-                source.latestOffset(start, ReadAllAvailable()) == start for source in sources
-            )
-            port = broker.port
-            broker.process.kill()
-            broker.stop()
-            # Triggers find it down (each waits one request timeout) for the whole outage.
-            back_at = time.monotonic() + LONG_OUTAGE_S
-            while time.monotonic() < back_at:
-                for source in sources:
-                    assert source.latestOffset(start, ReadAllAvailable()) == start
-            broker = start_kafka(port=port, storage=storage, storage_environment=environment)
-            restarted = time.monotonic()
-            publish(broker, topic, values[300:], create=False)
-            noticed_s = []
+    broker = start_kafka()
+    options = {
+        "kafka.bootstrap.servers": broker.address,
+        "subscribe": topic,
+        "startingOffsets": "earliest",
+    }
+    sources = [KafkaStreamReader(SourceOptions.parse(options)) for _ in range(3)]
+    try:
+        publish(broker, topic, values[:300])
+        start = sources[0].latestOffset(sources[0].initialOffset(), ReadAllAvailable())
+        assert sum(start[topic].values()) == 300
+        # Each has met the broker, as the source of a running query has.
+        assert all(source.latestOffset(start, ReadAllAvailable()) == start for source in sources)
+        broker.process.kill()
+        broker.stop(keep_log=True)
+        # Triggers find it down (each waits one request timeout) for the whole outage.
+        back_at = time.monotonic() + LONG_OUTAGE_S
+        while time.monotonic() < back_at:
             for source in sources:
-                while source.latestOffset(start, ReadAllAvailable()) == start:
-                    assert time.monotonic() - restarted < 60, "the broker was never noticed"
-                noticed_s.append(time.monotonic() - restarted)
-            # One pause, a connection and a trigger's requests (2 s each at most) per source,
-            # with room for a loaded machine; kafka-python's own pause would be 24-36 s by now.
-            assert max(noticed_s) < RECONNECT_BACKOFF_MAX_MS / 1000 + 7, noticed_s
-        finally:
-            for source in sources:
-                source.stop()
-            broker.stop()
+                assert source.latestOffset(start, ReadAllAvailable()) == start
+        broker = broker.restart()
+        restarted = time.monotonic()
+        publish(broker, topic, values[300:], create=False)
+        noticed_s = []
+        for source in sources:
+            while source.latestOffset(start, ReadAllAvailable()) == start:
+                assert time.monotonic() - restarted < 60, "the broker was never noticed"
+            noticed_s.append(time.monotonic() - restarted)
+        # One pause, a connection and a trigger's requests (2 s each at most) per source,
+        # with room for a loaded machine; kafka-python's own pause would be 24-36 s by now.
+        assert max(noticed_s) < RECONNECT_BACKOFF_MAX_MS / 1000 + 7, noticed_s
+    finally:
+        for source in sources:
+            source.stop()
+        broker.stop()
 
 
 #: The mid-stream restart's traffic. The producer stays ``PUBLISHED_AHEAD`` records ahead of
@@ -368,7 +364,7 @@ def batch_to_read(checkpoint: Path, topic: str) -> PlannedBatch | None:
 def test_a_durable_broker_killed_mid_stream_is_waited_out_and_every_record_decided_once(
     spark: SparkSession, redis_server: LocalService, tmp_path: Path
 ) -> None:
-    """The broker keeps its log in an object store (tansu on S3, SeaweedFS). Mid-stream (the
+    """The broker keeps its log (Kafka's own, on disk). Mid-stream (the
     producer publishing, a micro-batch deciding records it has read, more records to read) the
     broker hangs with records in flight and is killed. While it is down more records are
     published and the query's triggers fail to reach it; it is started again on its port and
@@ -379,67 +375,64 @@ def test_a_durable_broker_killed_mid_stream_is_waited_out_and_every_record_decid
     values = mixed_payloads(5, DURABLE_RECORDS, users=8, span_ms=5000)
     checkpoint = tmp_path / "checkpoint"
     metrics = EngineMetrics(port=0)
-    with start_object_store() as store:
-        storage, environment = f"s3://{store.bucket}/", store.environment()
-        broker = start_kafka(storage=storage, storage_environment=environment)
-        port = broker.port
-        publisher = PacedPublisher(broker.address, topic, values)
-        query = None
-        try:
-            publish(broker, topic, [], partitions=PARTITIONS)
-            settings = engine_settings(broker, redis_server, tmp_path, topic)
-            assert settings.kafka.fail_on_data_loss
-            query = start_query(spark, settings, CONFIG, metrics=metrics)
-            publisher.start()
-            # Mid-stream: the query has read some records, and a micro-batch has read more and
-            # is deciding them; the triggers after it meet the fault.
-            publish_while_read(
-                publisher,
-                query,
-                topic,
-                until=lambda: (
-                    read_offsets(query, topic) >= READ_BEFORE_FAULT
-                    and batch_to_read(checkpoint, topic) is not None
-                    and job_stages(spark) == "past its read"
-                ),
-            )
-            # The broker hangs: what the producer sends now stays unacknowledged; then it dies.
-            broker.pause()
-            hung_at = publisher.sent
-            publisher.grant(hung_at + IN_FLIGHT)
-            wait_until_sent(publisher, hung_at + IN_FLIGHT)
-            in_flight = publisher.sent - len(publisher.acked)
-            assert in_flight >= IN_FLIGHT
-            broker.process.kill()
-            broker.stop()
-            down_until = publisher.sent + PUBLISHED_WHILE_DOWN
-            publisher.grant(down_until)
-            wait_until_sent(publisher, down_until)
-            counted = wait_until_run_into(spark, query, metrics)
-            if counted is not None:
-                scraped = metrics.scrape()
-                assert samples(scraped, KAFKA_OUTAGE)[""] > 0
-                assert samples(scraped, KAFKA_OUTAGES)[""] >= 1
-            # Nothing handed over since the broker hung was acknowledged while it was down.
-            assert not publisher.acked & set(range(hung_at, publisher.sent))
-            assert publisher.sent < DURABLE_RECORDS  # some are published after the restart
-            # Started again on its port with the same storage; publishing and reading go on.
-            broker = start_kafka(port=port, storage=storage, storage_environment=environment)
-            publish_while_read(publisher, query, topic, until=lambda: not publisher.is_alive())
-            assert publisher.error is None, publisher.error
-            assert publisher.failed == {}
-            assert len(publisher.acked) == DURABLE_RECORDS
-            wait_until_read(query, topic, DURABLE_RECORDS)
-            assert query.exception() is None
-            after = read_status(metrics.source_status_file) or OutageStatus(None, 0, 0)
-            assert after.since_ms is None
-            assert samples(metrics.scrape(), KAFKA_OUTAGE)[""] == 0
-        finally:
-            publisher.close()
-            if query is not None:
-                query.stop()
-            metrics.close()
-            broker.stop()
+    broker = start_kafka()
+    publisher = PacedPublisher(broker.address, topic, values)
+    query = None
+    try:
+        publish(broker, topic, [], partitions=PARTITIONS)
+        settings = engine_settings(broker, redis_server, tmp_path, topic)
+        assert settings.kafka.fail_on_data_loss
+        query = start_query(spark, settings, CONFIG, metrics=metrics)
+        publisher.start()
+        # Mid-stream: the query has read some records, and a micro-batch has read more and
+        # is deciding them; the triggers after it meet the fault.
+        publish_while_read(
+            publisher,
+            query,
+            topic,
+            until=lambda: (
+                read_offsets(query, topic) >= READ_BEFORE_FAULT
+                and batch_to_read(checkpoint, topic) is not None
+                and job_stages(spark) == "past its read"
+            ),
+        )
+        # The broker hangs: what the producer sends now stays unacknowledged; then it dies.
+        broker.pause()
+        hung_at = publisher.sent
+        publisher.grant(hung_at + IN_FLIGHT)
+        wait_until_sent(publisher, hung_at + IN_FLIGHT)
+        in_flight = publisher.sent - len(publisher.acked)
+        assert in_flight >= IN_FLIGHT
+        broker.process.kill()
+        broker.stop(keep_log=True)
+        down_until = publisher.sent + PUBLISHED_WHILE_DOWN
+        publisher.grant(down_until)
+        wait_until_sent(publisher, down_until)
+        counted = wait_until_run_into(spark, query, metrics)
+        if counted is not None:
+            scraped = metrics.scrape()
+            assert samples(scraped, KAFKA_OUTAGE)[""] > 0
+            assert samples(scraped, KAFKA_OUTAGES)[""] >= 1
+        # Nothing handed over since the broker hung was acknowledged while it was down.
+        assert not publisher.acked & set(range(hung_at, publisher.sent))
+        assert publisher.sent < DURABLE_RECORDS  # some are published after the restart
+        # Started again on its port with its log; publishing and reading go on.
+        broker = broker.restart()
+        publish_while_read(publisher, query, topic, until=lambda: not publisher.is_alive())
+        assert publisher.error is None, publisher.error
+        assert publisher.failed == {}
+        assert len(publisher.acked) == DURABLE_RECORDS
+        wait_until_read(query, topic, DURABLE_RECORDS)
+        assert query.exception() is None
+        after = read_status(metrics.source_status_file) or OutageStatus(None, 0, 0)
+        assert after.since_ms is None
+        assert samples(metrics.scrape(), KAFKA_OUTAGE)[""] == 0
+    finally:
+        publisher.close()
+        if query is not None:
+            query.stop()
+        metrics.close()
+        broker.stop()
     print(f"broker killed with {in_flight} records in flight; the triggers' outage: {counted}")
     # Each record is once in the log and read once: no batch goes back, the last ends at the end.
     ends = [

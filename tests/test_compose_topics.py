@@ -16,6 +16,7 @@ import yaml
 
 from streaming.engine.config_log import kafka_topics_options
 from streaming.engine.settings import load_engine_settings
+from tests.servers import pinned_kafka_version
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,3 +82,14 @@ def test_the_options_name_one_partition_and_no_deletion() -> None:
     assert configs["retention.ms"] == "-1"
     assert configs["retention.bytes"] == "-1"
     assert configs["cleanup.policy"] == "delete"
+
+
+def test_compose_deploys_the_kafka_release_the_tests_run() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    images = {
+        name: service["image"]
+        for name, service in compose["services"].items()
+        if service.get("image", "").startswith("apache/kafka:")
+    }
+    assert set(images) == {"kafka", "kafka-init"}
+    assert set(images.values()) == {f"apache/kafka:{pinned_kafka_version()}"}

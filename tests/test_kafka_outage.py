@@ -1,9 +1,9 @@
-"""Kafka outages against a real broker (tansu), without Spark: the source's triggers and reads,
-the configuration log and the dead-letter producer wait out a broker that does not answer, and
-give up only after their limit, naming the bootstrap servers.
+"""Kafka outages against a real broker (Apache Kafka), without Spark: the source's triggers and
+reads, the configuration log and the dead-letter producer wait out a broker that does not answer,
+and give up only after their limit, naming the bootstrap servers.
 
 A paused broker (SIGSTOP) keeps its connections open and answers nothing, as a hung one does, and
-keeps its in-memory log; a stopped one refuses connections.
+keeps its log; a stopped one refuses connections.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from streaming.engine.kafka_source import DataLossError, KafkaStreamReader
 from streaming.engine.metric_names import KAFKA_OUTAGE, KAFKA_OUTAGES
 from streaming.engine.sinks import SinkSettings, send_dead_letters
 from streaming.engine.source_status import read_status
-from streaming.services import LocalService, start_kafka
+from streaming.kafka_broker import start_kafka
+from streaming.services import LocalService
 from tests.test_kafka_source import Checkpoint, new_topic, produce, read_all, reader
 from tests.test_metrics import samples
 
@@ -139,8 +140,9 @@ def test_an_outage_is_never_taken_for_lost_offsets_but_a_log_lost_with_it_is_cau
         # Refused connections for several triggers: nothing new, and no loss claimed.
         for _ in range(4):
             assert source.latestOffset(first, ReadAllAvailable()) == first
-        # The broker returns without its log (in memory): that loss is still caught.
+        # The broker returns without its log (started anew): that loss is still caught.
         broker = start_kafka(port=port)
+        new_topic(broker, 3, topic)  # created again, as an operator would
         produce(broker, topic, 6, 3)
         with pytest.raises(DataLossError, match=rf"{topic}-\d: the .*failOnDataLoss=true"):
             triggers(source, first, 3)

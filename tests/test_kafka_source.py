@@ -1,12 +1,10 @@
-"""The Kafka stream reader against a real broker (tansu), driven the way Spark drives it."""
+"""The Kafka stream reader against a real broker (Apache Kafka), driven the way Spark drives it."""
 
 from __future__ import annotations
 
 import logging
 import pickle
-import re
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
@@ -15,17 +13,19 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from streaming.engine.kafka_source import DataLossError, KafkaStreamReader
 from streaming.engine.offsets import SourceOptions
-from streaming.services import LocalService, start_kafka
+from streaming.kafka_broker import KafkaNode
+from streaming.services import LocalService
 
 
-@pytest.fixture(scope="module")
-def broker() -> Iterator[LocalService]:
-    with start_kafka() as service:
-        yield service
+@pytest.fixture
+def broker(kafka: KafkaNode) -> KafkaNode:
+    """The session's broker: each test reads topics of its own."""
+    return kafka
 
 
-def new_topic(broker: LocalService, partitions: int) -> str:
-    name = f"events-{uuid.uuid4().hex[:8]}"
+def new_topic(broker: LocalService, partitions: int, name: str | None = None) -> str:
+    """A topic of ``partitions`` partitions: ``name``, or a new name."""
+    name = name or f"events-{uuid.uuid4().hex[:8]}"
     admin = KafkaAdminClient(bootstrap_servers=broker.address)
     admin.create_topics([NewTopic(name, partitions, 1)])
     admin.close()
@@ -33,7 +33,6 @@ def new_topic(broker: LocalService, partitions: int) -> str:
 
 
 def produce(broker: LocalService, topic: str, count: int, partitions: int, first: int = 0) -> None:
-    # linger_ms batches records, which is what makes tansu under-report end offsets.
     producer = KafkaProducer(bootstrap_servers=broker.address, linger_ms=20)
     for i in range(first, first + count):
         producer.send(topic, str(i).encode(), partition=i % partitions)
@@ -77,51 +76,18 @@ def reported_ends(broker: LocalService, topic: str, partitions: int) -> dict[Top
     return reported
 
 
-@pytest.mark.xfail(
-    reason="tansu 0.6 answers ListOffsets with the base offset of a partition's last record "
-    "batch plus one: the records a producer's linger_ms batched after it go uncounted",
-    strict=False,
-)
 def test_the_broker_reports_true_end_offsets(broker: LocalService) -> None:
-    """What Apache Kafka does; an XPASS means tansu no longer has the quirk that the test
-    below guards against (which then still tests the source, through its lowered case)."""
+    """The source takes a partition's end from ListOffsets alone: Apache Kafka counts every
+    record there, also those a producer's ``linger_ms`` batched together."""
     topic = new_topic(broker, 3)
     produce(broker, topic, 1000, 3)
     assert sum(reported_ends(broker, topic, 3).values()) == 1000
-
-
-#: How much lower than the broker the ``reported-lower`` case reports each end.
-UNDERCOUNT = 50
-
-
-@pytest.mark.parametrize("lowered", [False, True], ids=["as-the-broker-reports", "reported-lower"])
-def test_reads_every_record_although_the_broker_undercounts_its_end(
-    broker: LocalService, monkeypatch: pytest.MonkeyPatch, lowered: bool
-) -> None:
-    """Some brokers' ListOffsets misses records: tansu's, with linger batching (see the xfail
-    test above). So that this tests the source whatever tansu reports, the ``reported-lower``
-    case lowers every reported end at the client boundary (kafka-python's ``end_offsets``)."""
-    topic = new_topic(broker, 3)
-    produce(broker, topic, 1000, 3)
-    if lowered:
-        end_offsets = KafkaConsumer.end_offsets
-
-        def undercounted(
-            consumer: KafkaConsumer, partitions: list[TopicPartition], timeout_ms: int | None = None
-        ) -> dict[TopicPartition, int]:
-            reported = end_offsets(consumer, partitions, timeout_ms)
-            return {tp: max(end - UNDERCOUNT, 1) for tp, end in reported.items()}
-
-        monkeypatch.setattr(KafkaConsumer, "end_offsets", undercounted)
-        assert sum(reported_ends(broker, topic, 3).values()) < 1000
-
     source = reader(broker, topic, startingOffsets="earliest")
     start = source.initialOffset()
     end = source.latestOffset(start, ReadAllAvailable())
     assert end == {topic: {"0": 334, "1": 333, "2": 333}}
     rows = read_all(source, start, end)
     assert sorted(int(value) for _, _, value in rows) == list(range(1000))
-    # A checkpoint at the true end, above the reported one, is not taken for lost records.
     assert source.latestOffset(end, ReadAllAvailable()) == end
     source.stop()
 
@@ -205,41 +171,6 @@ def test_vanished_offsets_restart_from_the_earliest_when_tolerated(
     assert "restarting this partition from its earliest offset" in caplog.text
     assert [int(v) for _, _, v in read_all(source, start, end)] == [0, 1, 2, 3, 4]
     source.stop()
-
-
-#: A source whose tail read gets no records in time: the broker holds each fetch until it has
-#: 100 MB or 10 s have passed, longer than the source's 500 ms request timeout.
-HELD_FETCHES = {
-    "kafkaConsumer.pollTimeoutMs": "500",
-    "kafka.fetch_min_bytes": str(100 * 2**20),
-    "kafka.fetch_max_wait_ms": "10000",
-    "kafka.request_timeout_ms": "15000",
-}
-
-
-def test_a_reported_end_below_the_checkpoint_is_a_loss_only_once_the_records_confirm_it(
-    broker: LocalService, caplog: pytest.LogCaptureFixture
-) -> None:
-    """ListOffsets puts the log's end below the checkpoint, as after a lost log, but also as a
-    broker that under-reports does. While the partition's records do not answer, that is no
-    proof: the trigger plans nothing new for it and says so. Once they answer, it is a loss."""
-    topic = new_topic(broker, 1)
-    produce(broker, topic, 5, 1)
-    checkpoint = {topic: {"0": 900}}
-    unconfirmed = reader(broker, topic, **HELD_FETCHES)
-    with caplog.at_level(logging.WARNING, logger="streaming.engine.kafka_source"):
-        assert unconfirmed.latestOffset(checkpoint, ReadAllAvailable()) == checkpoint
-    # The end it reports: 5, or less from a broker that under-reports (tansu).
-    assert re.search(
-        rf"{topic}-0: the broker reports the log ending at [1-5], below 900; its records did "
-        "not answer in time",
-        caplog.text,
-    ), caplog.text
-    unconfirmed.stop()
-    confirmed = reader(broker, topic)
-    with pytest.raises(DataLossError, match=rf"{topic}-0: the next offset to read is 900 but"):
-        confirmed.latestOffset(checkpoint, ReadAllAvailable())
-    confirmed.stop()
 
 
 def test_a_partition_missing_from_the_metadata_is_gone_only_at_two_triggers_in_a_row(

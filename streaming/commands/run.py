@@ -37,7 +37,8 @@ from streaming.commands.traffic import LiveTraffic
 from streaming.engine.exporter import EngineMetrics
 from streaming.engine.job import GracefulStop, local_spark, start_query
 from streaming.engine.settings import EngineSettings
-from streaming.services import start_kafka, start_redis
+from streaming.kafka_broker import start_kafka
+from streaming.services import start_redis
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,8 @@ def _embedded(settings: EngineSettings, console: Console) -> Iterator[EngineSett
         admin.close()
         checkpoint = tempfile.mkdtemp(prefix="quotastream-checkpoint-")
         console.print(
-            f"embedded: Kafka-compatible broker {kafka.address}, Redis {redis_server.address}, "
+            f"embedded: Apache Kafka {kafka.version} broker {kafka.address}, "
+            f"Redis {redis_server.address}, "
             f"checkpoint {checkpoint}"
         )
         try:
@@ -169,7 +171,7 @@ def _embedded(settings: EngineSettings, console: Console) -> Iterator[EngineSett
                 starting_offsets="earliest",
             )
         finally:
-            # The in-memory broker's offsets end with it: the checkpoint could not resume.
+            # The broker's log ends with it: the checkpoint could not resume.
             shutil.rmtree(checkpoint, ignore_errors=True)
 
 

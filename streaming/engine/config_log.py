@@ -24,11 +24,11 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 from state.config import QuotaConfig
 from state.live_config import Change, LiveConfig, LiveConfigs, encode_change
 from streaming.engine.kafka_clients import (
+    end_offsets,
     is_outage,
     kafka_outage,
     new_consumer,
     ride_out,
-    true_end_offsets,
 )
 
 #: What the configuration topic must be. One partition, so that its offsets order the changes;
@@ -102,7 +102,7 @@ class ConfigLog:
         partitions = self._reader().partitions_for_topic(self.topic) or set()
         if 0 not in partitions:
             return 0
-        ends = true_end_offsets(self._reader(), [self._partition], self._timeout_ms)
+        ends = end_offsets(self._reader(), [self._partition], self._timeout_ms)
         return ends[(self.topic, 0)]
 
     def read(self, start: int, end: int) -> list[bytes]:
@@ -176,8 +176,7 @@ class ConfigLog:
     def _check_retention(self, admin: KafkaAdminClient) -> None:
         """Refuses a topic that would delete or compact records (a broker that cannot describe
         topic configurations is not asked)."""
-        # Every key, filtered here: a request naming keys makes tansu 0.6 drop the connection.
-        wanted = ConfigResource("TOPIC", self.topic)
+        wanted = ConfigResource("TOPIC", self.topic, configs=dict.fromkeys(TOPIC_CONFIGS))
         try:
             described = admin.describe_configs([wanted], config_filter="all")
         except (KafkaError, ValueError):

@@ -39,7 +39,7 @@ from prometheus_client.registry import Collector
 from quotastream.outage import OutageStatus
 from streaming.engine.batch_summary import BatchReport, SummaryRequest
 from streaming.engine.exported_entities import ExportedEntities
-from streaming.engine.kafka_clients import new_consumer, true_end_offsets
+from streaming.engine.kafka_clients import end_offsets, new_consumer
 from streaming.engine.metric_names import (
     BATCH_DURATION,
     BATCH_DURATION_BUCKETS,
@@ -432,7 +432,7 @@ class KafkaEnds:
                 for topic in self._topics
                 for partition in sorted(self._consumer.partitions_for_topic(topic) or ())
             ]
-            return true_end_offsets(self._consumer, partitions, self._timeout_ms)
+            return end_offsets(self._consumer, partitions, self._timeout_ms)
 
     def close(self) -> None:
         with self._lock:

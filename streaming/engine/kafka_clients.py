@@ -11,6 +11,7 @@ offsets) is not waited out.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -102,43 +103,41 @@ def new_consumer(
     return KafkaConsumer(**settings)
 
 
-def true_end_offsets(
+def end_offsets(
     consumer: KafkaConsumer, partitions: Sequence[TopicPartition], timeout_ms: int
 ) -> Offsets:
-    """Each partition's end offset as its records show it (:func:`checked_end_offsets`)."""
-    return checked_end_offsets(consumer, partitions, timeout_ms)[0]
+    """Each partition's end offset (ListOffsets: its high watermark), of the partitions the
+    broker knows (:func:`_known_offsets`). A broker that does not answer in ``timeout_ms``
+    raises kafka-python's timeout."""
+    return _known_offsets(consumer.end_offsets, partitions, timeout_ms)
 
 
-def checked_end_offsets(
+def beginning_offsets(
     consumer: KafkaConsumer, partitions: Sequence[TopicPartition], timeout_ms: int
-) -> tuple[Offsets, set[tuple[str, int]]]:
-    """Each partition's end offset as its records show it, and the partitions whose end could
-    not be checked in time (their reported end is given, and may be too low). Each request waits
-    at most ``timeout_ms``; a broker that does not answer raises kafka-python's timeout.
+) -> Offsets:
+    """Each partition's earliest offset, as :func:`end_offsets` its end."""
+    return _known_offsets(consumer.beginning_offsets, partitions, timeout_ms)
 
-    ListOffsets can undercount on some brokers; reading from the last offset it reports and taking
-    the fetch's high watermark gives the true end (on Apache Kafka it changes nothing).
-    """
+
+def _known_offsets(
+    ask: Callable[..., dict[TopicPartition, int]],
+    partitions: Sequence[TopicPartition],
+    timeout_ms: int,
+) -> Offsets:
+    """kafka-python fails a whole ListOffsets with a KeyError when the broker answers that it
+    does not know one of the partitions (a topic deleted, or gone with a broker's lost log,
+    while the client's metadata still lists it). Then each partition is asked on its own and
+    the unknown ones are left out: for the caller they are partitions that are not there."""
     if not partitions:
-        return {}, set()
-    reported = consumer.end_offsets(list(partitions), timeout_ms=timeout_ms)
-    earliest = consumer.beginning_offsets(list(partitions), timeout_ms=timeout_ms)
-    ends = {tp: reported[tp] for tp in partitions}
-    pending = {tp for tp in partitions if reported[tp] > earliest[tp]}
-    consumer.assign(list(partitions))
-    for tp in partitions:
-        consumer.seek(tp, reported[tp] - 1 if tp in pending else reported[tp])
-    deadline = time.monotonic() + timeout_ms / 1000
-    while pending and time.monotonic() < deadline:
-        for tp, records in consumer.poll(timeout_ms=100, max_records=100_000).items():
-            if records:
-                highwater = consumer.highwater(tp) or 0
-                ends[tp] = max(ends[tp], records[-1].offset + 1, highwater)
-                pending.discard(tp)
-    for tp in pending:
-        log.warning("%s: no records at its reported end in %d ms", partition_name(tp), timeout_ms)
-    offsets = {(tp.topic, tp.partition): end for tp, end in ends.items()}
-    return offsets, {(tp.topic, tp.partition) for tp in pending}
+        return {}
+    try:
+        found = ask(list(partitions), timeout_ms=timeout_ms)
+    except KeyError:
+        found = {}
+        for tp in partitions:
+            with contextlib.suppress(KeyError):
+                found |= ask([tp], timeout_ms=timeout_ms)
+    return {(tp.topic, tp.partition): offset for tp, offset in found.items()}
 
 
 def partition_name(tp: TopicPartition) -> str:

@@ -9,9 +9,8 @@ are usage sums, segment events and rejects, and raw payloads never cross into th
   restarted query replays exactly the ranges of the batch it did not finish;
 * one input partition per topic-partition range; each Python worker keeps one cached consumer
   (a fresh consumer per read costs hundreds of milliseconds);
-* the end of a partition is what its records say, not only what ListOffsets says: some brokers
-  (tansu, which the tests and the embedded default use) report the base offset of the last batch
-  plus one, so the driver reads the tail once and takes the fetch's high watermark;
+* the end of a partition is what ListOffsets says (its high watermark: Apache Kafka answers
+  OFFSET_NOT_AVAILABLE rather than a stale end while a new leader's watermark catches up);
 * offsets that vanish (retention, a broker that lost its log, a deleted topic) fail the query
   with the topic, partition and offsets named, or with ``failOnDataLoss=false`` log a warning and
   restart that partition from its earliest offset when it is back;
@@ -53,7 +52,8 @@ from typing_extensions import override
 
 from quotastream.outage import Outage, OutageStatus
 from streaming.engine.kafka_clients import (
-    checked_end_offsets,
+    beginning_offsets,
+    end_offsets,
     is_outage,
     kafka_outage,
     new_consumer,
@@ -98,8 +98,6 @@ class _Ends:
     events: Offsets
     #: The configuration log's end (``{}`` without one; 0 while its topic does not exist).
     config: Offsets
-    #: Partitions whose reported end could not be checked against their records in time.
-    unchecked: set[tuple[str, int]]
 
 
 class DataLossError(RuntimeError):
@@ -220,17 +218,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for tp, end in logs.items():
                 if end >= begin.get(tp, 0):
                     continue
-                if tp in ends.unchecked:
-                    # A slow broker, or one that reports its end too low: not proof of a loss.
-                    log.warning(
-                        "%s-%d: the broker reports the log ending at %d, below %d; its records "
-                        "did not answer in time, so it is read again at the next trigger",
-                        *tp,
-                        end,
-                        begin[tp],
-                    )
-                    logs[tp] = begin[tp]
-                elif logs is config:
+                if logs is config:
                     self._lost(tp, f"the configuration log ends at {end}, below {begin[tp]}")
                 else:
                     self._lost(
@@ -377,19 +365,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         topic = self.options.config_topic
         has_config = topic is not None and bool(self._driver_consumer().partitions_for_topic(topic))
         config_partitions = [TopicPartition(topic, 0)] if topic is not None and has_config else []
-        ends, unchecked = checked_end_offsets(
+        ends = end_offsets(
             self._driver_consumer(), partitions + config_partitions, self.options.poll_timeout_ms
         )
         config = {} if topic is None else {(topic, 0): ends.pop((topic, 0), 0)}
-        return _Ends(ends, config, unchecked)
+        return _Ends(ends, config)
 
     def _earliest(self, partitions: Sequence[TopicPartition]) -> Offsets:
-        if not partitions:
-            return {}
-        found = self._driver_consumer().beginning_offsets(
-            list(partitions), timeout_ms=self.options.poll_timeout_ms
-        )
-        return {(tp.topic, tp.partition): offset for tp, offset in found.items()}
+        return beginning_offsets(self._driver_consumer(), partitions, self.options.poll_timeout_ms)
 
     def _report(self, status: OutageStatus) -> None:
         if self.options.status_file is not None:
