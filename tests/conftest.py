@@ -16,7 +16,7 @@ from pyspark.sql import SparkSession
 from streaming.commands.cli import main
 from streaming.engine.job import local_spark
 from streaming.engine.settings import EngineSettings
-from streaming.kafka_broker import KafkaNode, start_kafka
+from streaming.kafka_broker import KafkaCluster, KafkaNode, start_kafka, start_kafka_cluster
 from streaming.services import LocalService, start_redis
 
 # CI runs the same examples every time so that a red build always reproduces; locally, hypothesis
@@ -90,6 +90,7 @@ SERVERS: Final = "servers"
 STARTED_BY_FIXTURE: Final[Mapping[str, str]] = {
     "tests.conftest.spark": SPARK,
     "tests.conftest.kafka": SERVERS,
+    "tests.conftest.kafka_cluster": SERVERS,
     "tests.conftest.redis_server": SERVERS,
     "tests.test_agent_client.acl_server": SERVERS,
     "tests.test_kafka_outage.broker": SERVERS,
@@ -135,7 +136,6 @@ STARTS_SERVERS_ITSELF: Final[Mapping[str, tuple[str, ...]]] = {
         "test_free_ports_are_outside_the_range_outgoing_connections_take",
         "test_an_apache_kafka_broker_starts_takes_records_and_keeps_them_across_a_restart",
         "test_a_broker_started_anew_on_a_port_has_an_empty_log",
-        "test_a_three_node_cluster_replicates_and_survives_a_node_down",
     ),
     "test_streaming.py": (
         "test_a_redis_outage_stalls_the_query_and_every_event_is_decided_after_it",
@@ -228,6 +228,15 @@ def kafka() -> Iterator[KafkaNode]:
     uses topics of its own. A test that stops, pauses or restarts a broker starts its own."""
     with start_kafka() as service:
         yield service
+
+
+@pytest.fixture(scope="module")
+def kafka_cluster() -> Iterator[KafkaCluster]:
+    """Three Apache Kafka nodes forming one cluster (node ids 1-3, each a broker and a voter),
+    for what needs replicas: leader moves, restarts. One per test module: a test that stops a
+    node starts it again before it ends (``KafkaNode.restart``)."""
+    with start_kafka_cluster(3) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="module")

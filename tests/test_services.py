@@ -16,11 +16,11 @@ from redis.retry import Retry
 from streaming.kafka_broker import (
     FETCH_KAFKA,
     LIBS_VARIABLE,
+    KafkaCluster,
     MissingKafkaError,
     kafka_libs,
     kafka_version,
     start_kafka,
-    start_kafka_cluster,
 )
 from streaming.services import (
     INSTALL_EMBEDDED,
@@ -120,20 +120,27 @@ def test_a_broker_started_anew_on_a_port_has_an_empty_log() -> None:
         assert _round_trip(anew.address, "probe", b"new") == [b"new"]
 
 
-def test_a_three_node_cluster_replicates_and_survives_a_node_down() -> None:
-    with start_kafka_cluster(3) as cluster:
-        admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap_servers)
-        admin.create_topics([NewTopic("replicated", 1, 3)])
-        [described] = admin.describe_topics(["replicated"])
-        admin.close()
-        [partition] = described["partitions"]
-        assert sorted(partition["replica_nodes"]) == [1, 2, 3]
-        assert _round_trip(cluster.bootstrap_servers, "replicated", b"one") == [b"one"]
-        leader = next(node for node in cluster.nodes if node.node_id == partition["leader_id"])
-        leader.stop()
-        others = ",".join(node.address for node in cluster.nodes if node is not leader)
+def test_a_three_node_cluster_replicates_and_survives_a_node_restart(
+    kafka_cluster: KafkaCluster,
+) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=kafka_cluster.bootstrap_servers)
+    admin.create_topics([NewTopic("replicated", 1, 3)])
+    [described] = admin.describe_topics(["replicated"])
+    admin.close()
+    [partition] = described["partitions"]
+    assert sorted(partition["replica_nodes"]) == [1, 2, 3]
+    assert _round_trip(kafka_cluster.bootstrap_servers, "replicated", b"one") == [b"one"]
+    [leader] = [node for node in kafka_cluster.nodes if node.node_id == partition["leader_id"]]
+    leader.stop(keep_log=True)
+    try:
+        others = ",".join(node.address for node in kafka_cluster.nodes if node is not leader)
         # Another replica leads now, with the record.
         assert _round_trip(others, "replicated", b"two") == [b"one", b"two"]
+    finally:
+        restarted = leader.restart()
+        kafka_cluster.nodes[kafka_cluster.nodes.index(leader)] = restarted
+    # Back with its log, it serves clients again.
+    assert _round_trip(restarted.address, "replicated", b"three") == [b"one", b"two", b"three"]
 
 
 def test_missing_kafka_jars_name_how_to_fetch_them(
