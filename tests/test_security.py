@@ -1,9 +1,14 @@
-"""Security: the engine over TLS to Redis (AUTH, a least-privilege ACL user) and to Kafka (a
-client key it unlocks with ``ssl_password``), with its secrets given in the environment, and
-none of them in anything the run writes, in either trigger mode.
+"""Security: the engine over TLS to Redis (AUTH, a least-privilege ACL user) and to Kafka
+(SASL/SCRAM-SHA-512 over mutual TLS, a principal with only the ACLs it needs), with its secrets
+given in the environment, and none of them in anything the run writes, in either trigger mode.
 
-Redis is Debian's redis-server speaking only TLS. Kafka is tansu behind a TLS terminator
-(stunnel): tansu 0.6 cannot combine its own ``--cert`` and ``--key`` options.
+Redis is Debian's redis-server speaking only TLS. Kafka is Apache Kafka's own SASL_SSL listener:
+its TLS from PEM files (KIP-651), SCRAM users created when its storage is formatted, and its
+StandardAuthorizer with no rights for anyone but the admin (``User:admin``, a super user) and what
+the admin grants. The admin creates every topic beforehand; the engine's principal
+(``User:engine``) is granted exactly :data:`ENGINE_RIGHTS`. The broker also asks every client for
+a certificate (``ssl.client.auth=required``), so the engine's encrypted client key, and the
+``ssl_password`` that unlocks it, is needed to connect at all.
 """
 
 from __future__ import annotations
@@ -23,52 +28,72 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 import redis
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.admin import (
+    ACL,
+    ACLFilter,
+    ACLOperation,
+    ACLPermissionType,
+    ACLResourcePatternType,
+    KafkaAdminClient,
+    NewTopic,
+    ResourcePattern,
+    ResourcePatternFilter,
+    ResourceType,
+)
+from kafka.errors import (
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    TopicAuthorizationFailedError,
+)
 from prometheus_client.parser import text_string_to_metric_families
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from quotastream.acl import ENGINE_USER, engine_acl, set_user
 from state.config import load_quota_config
+from streaming.commands.exit_codes import EXIT_UNREACHABLE
 from streaming.commands.preflight import (
     DEFAULT_TIMEOUT_S,
     UnreachableError,
     check_kafka,
+    check_kafka_rights,
     check_redis,
 )
 from streaming.commands.redaction import redact_logs
+from streaming.engine.config_log import TOPIC_CONFIGS
 from streaming.engine.job import source_options
 from streaming.engine.metric_names import INPUT_BACKLOG
 from streaming.engine.offsets import SourceOptions
 from streaming.engine.settings import EngineSettings
 from streaming.engine.sinks import SinkSettings
-from streaming.services import (
-    LocalService,
-    TlsFiles,
-    free_port,
-    start_kafka,
-    start_redis,
-)
+from streaming.kafka_broker import KafkaNode, ScramUser, Security, start_kafka
+from streaming.services import LocalService, TlsFiles, start_redis
 from tests.certificates import make_certificates, make_client_certificate
 from tests.expected import by_key, final_decisions
 from tests.factories import mixed_payloads
-from tests.servers import start_tls_proxy
 from tests.test_chaos import batches_needed, commits, engine_file, quotastream, stored_decisions
 
-#: The Redis admin's password: the servers' own, never given to the engine.
+#: The servers' own password (the Redis admin's, the Kafka admin's SCRAM password and client
+#: key's): never given to the engine.
 ADMIN_PASSWORD = "admin-Secret-4f1c9"
-#: The password of the engine's ACL user: without it the engine cannot log in to Redis.
+#: The Kafka super user that creates the topics and grants the engine its rights.
+KAFKA_ADMIN = "admin"
+#: The engine's SCRAM user; its principal is ``User:engine``.
+KAFKA_ENGINE = "engine"
+#: The password of the engine's Redis ACL user: without it the engine cannot log in to Redis.
 ENGINE_SECRET = "engine-Secret-8b2e7"
 #: kafka-python's ``ssl_password``: it unlocks the engine's encrypted Kafka client key, which
-#: every Kafka client of the engine loads before it connects.
+#: the broker asks for before anything else.
 KAFKA_KEY_SECRET = "kafka-Secret-3d5a1"
+#: The engine's SCRAM-SHA-512 password (``sasl_plain_password``).
+SASL_SECRET = "sasl-Secret-6c0f2"
 #: What the engine is given, and must keep out of everything it writes.
-ENGINE_SECRETS = (ENGINE_SECRET, KAFKA_KEY_SECRET)
+ENGINE_SECRETS = (ENGINE_SECRET, KAFKA_KEY_SECRET, SASL_SECRET)
 NOT_THE_PASSWORD = "not-the-password"
 PREFIX = "secure"
 #: Micro-batches the continuous run commits after the one that read the last record: a few
@@ -77,25 +102,77 @@ BATCHES_AFTER_INPUT = 3
 #: A generous bound for what must eventually happen on a loaded machine (liveness only).
 LIVENESS_S = 240.0
 
+#: The engine's Kafka rights on the topics of one engine file, by the topic's role (the events,
+#: its dead letters, its configuration log) -- and none besides: no cluster right, no consumer
+#: group, no other topic. READ on the events: the source fetches them (READ implies DESCRIBE:
+#: partitions and offsets). WRITE on the dead letters: the sink produces them (WRITE implies
+#: DESCRIBE, and lets the idempotent producer start: no IDEMPOTENT_WRITE on the cluster). READ on
+#: the configuration log: the live versions. DESCRIBE_CONFIGS on it: the start-up check of its
+#: retention. No CREATE: the operator made the topics, and the engine creates its configuration
+#: log only when it is missing. The engine never writes the configuration log (``quotastream
+#: quota`` does) and uses no group (its consumers are assigned partitions).
+ENGINE_RIGHTS: Final = (
+    ("events", ACLOperation.READ),
+    ("dead-letter", ACLOperation.WRITE),
+    ("config", ACLOperation.READ),
+    ("config", ACLOperation.DESCRIBE_CONFIGS),
+)
+
+
+#: Every ACL of the cluster: describing them needs DESCRIBE on the cluster.
+ALL_ACLS: Final = ACLFilter(
+    None,
+    None,
+    ACLOperation.ANY,
+    ACLPermissionType.ANY,
+    ResourcePatternFilter(ResourceType.ANY, None, ACLResourcePatternType.ANY),
+)
+
+
+def topic_of(events: str, role: str) -> str:
+    """The name of ``role``'s topic in the engine file reading ``events`` (``engine_file``)."""
+    return events if role == "events" else f"{events}.{role}"
+
+
+def role_of(topic: str) -> tuple[str, str]:
+    """The events topic of the engine file ``topic`` belongs to, and its role there."""
+    for role in ("dead-letter", "config"):
+        if topic.endswith(f".{role}"):
+            return topic.removesuffix(f".{role}"), role
+    return topic, "events"
+
 
 @dataclass
 class SecureServers:
     tls: TlsFiles
     #: The engine's Kafka client certificate, its key encrypted with KAFKA_KEY_SECRET.
     engine_client: TlsFiles
+    #: The Kafka admin's client certificate, its key encrypted with ADMIN_PASSWORD.
+    admin_client: TlsFiles
     redis_server: LocalService
-    broker: LocalService
-    kafka_tls: LocalService  # where clients connect: TLS in front of the broker
+    broker: KafkaNode
 
-    def kafka_client(self) -> dict[str, str]:
-        """The test's own Kafka clients: TLS, trusting the test CA."""
-        return {"security_protocol": "SSL", "ssl_cafile": str(self.tls.ca)}
+    def admin_kafka(self) -> dict[str, str]:
+        """The test's own Kafka clients: the super user, over the same listener."""
+        return {
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_plain_username": KAFKA_ADMIN,
+            "sasl_plain_password": ADMIN_PASSWORD,
+            "ssl_cafile": str(self.tls.ca),
+            "ssl_certfile": str(self.admin_client.cert),
+            "ssl_keyfile": str(self.admin_client.key),
+            "ssl_password": ADMIN_PASSWORD,
+        }
 
     def engine_kafka_client(self) -> dict[str, str]:
-        """The engine's ``kafka.client`` as its file holds it: the key's password is not here
-        but in the environment (:data:`ENGINE_ENVIRONMENT`)."""
+        """The engine's ``kafka.client`` as its file holds it: the SASL password and the key's
+        password are not here but in the environment (:data:`ENGINE_ENVIRONMENT`)."""
         return {
-            **self.kafka_client(),
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_plain_username": KAFKA_ENGINE,
+            "ssl_cafile": str(self.tls.ca),
             "ssl_certfile": str(self.engine_client.cert),
             "ssl_keyfile": str(self.engine_client.key),
         }
@@ -112,14 +189,27 @@ class SecureServers:
         }
 
     def engine_settings(
-        self, redis_password: str = ENGINE_SECRET, key_password: str = KAFKA_KEY_SECRET
+        self,
+        events: str = "quotastream.events",
+        redis_password: str = ENGINE_SECRET,
+        key_password: str = KAFKA_KEY_SECRET,
+        sasl_password: str = SASL_SECRET,
     ) -> EngineSettings:
-        client = {**self.engine_kafka_client(), "ssl_password": key_password}
+        """The settings of an engine reading ``events``, with these secrets."""
+        client = {
+            **self.engine_kafka_client(),
+            "ssl_password": key_password,
+            "sasl_plain_password": sasl_password,
+        }
+        kafka = {
+            "bootstrap_servers": self.broker.address,
+            "topics": [events],
+            "dead_letter_topic": topic_of(events, "dead-letter"),
+            "config_topic": topic_of(events, "config"),
+            "client": client,
+        }
         return EngineSettings.model_validate(
-            {
-                "kafka": {"bootstrap_servers": self.kafka_tls.address, "client": client},
-                "redis": {**self.engine_redis(), "password": redis_password},
-            }
+            {"kafka": kafka, "redis": {**self.engine_redis(), "password": redis_password}}
         )
 
     def admin_redis(self) -> redis.Redis:
@@ -131,11 +221,39 @@ class SecureServers:
             ssl_ca_certs=str(self.tls.ca),
         )
 
+    def provision(self, events: str, without: tuple[str, ACLOperation] | None = None) -> None:
+        """What an operator does before the engine's first start: the admin creates the
+        engine's topics and grants it :data:`ENGINE_RIGHTS` on them (all but ``without``).
+        ``without`` CREATE on the configuration log: that topic is not made, so the engine
+        would have to create it."""
+        admin = KafkaAdminClient(bootstrap_servers=self.broker.address, **self.admin_kafka())
+        topics = [NewTopic(events, 3, 1), NewTopic(topic_of(events, "dead-letter"), 1, 1)]
+        if without != ("config", ACLOperation.CREATE):
+            topics.append(NewTopic(topic_of(events, "config"), 1, 1, topic_configs=TOPIC_CONFIGS))
+        try:
+            admin.create_topics(topics)
+            rights = [
+                ACL(
+                    f"User:{KAFKA_ENGINE}",
+                    "*",
+                    operation,
+                    ACLPermissionType.ALLOW,
+                    ResourcePattern(ResourceType.TOPIC, topic_of(events, role)),
+                )
+                for role, operation in ENGINE_RIGHTS
+                if (role, operation) != without
+            ]
+            created = admin.create_acls(rights)
+            assert not created["failed"], created
+        finally:
+            admin.close()
+
 
 #: Secrets come from the environment, as the docs say they should.
 ENGINE_ENVIRONMENT = {
     "QUOTASTREAM_REDIS__PASSWORD": ENGINE_SECRET,
     "QUOTASTREAM_KAFKA__CLIENT__SSL_PASSWORD": KAFKA_KEY_SECRET,
+    "QUOTASTREAM_KAFKA__CLIENT__SASL_PLAIN_PASSWORD": SASL_SECRET,
 }
 
 
@@ -143,13 +261,19 @@ ENGINE_ENVIRONMENT = {
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureServers]:
     tls = make_certificates(tmp_path_factory.mktemp("tls"))
     engine_client = make_client_certificate(tls, "engine-client", KAFKA_KEY_SECRET)
-    proxy_port = free_port()
+    admin_client = make_client_certificate(tls, "admin-client", ADMIN_PASSWORD)
+    security = Security(
+        tls=tls,
+        scram_users=(ScramUser(KAFKA_ADMIN, ADMIN_PASSWORD), ScramUser(KAFKA_ENGINE, SASL_SECRET)),
+        super_users=(f"User:{KAFKA_ADMIN}",),
+        authorizer=True,
+        client_certificates=True,
+    )
     with (
         start_redis(password=ADMIN_PASSWORD, tls=tls) as redis_server,
-        start_kafka(advertised_port=proxy_port) as broker,
-        start_tls_proxy(broker, tls, port=proxy_port) as kafka_tls,
+        start_kafka(security=security) as broker,
     ):
-        servers = SecureServers(tls, engine_client, redis_server, broker, kafka_tls)
+        servers = SecureServers(tls, engine_client, admin_client, redis_server, broker)
         set_user(servers.admin_redis(), ENGINE_USER, engine_acl(PREFIX, ENGINE_SECRET))
         yield servers
 
@@ -158,19 +282,29 @@ _API_VERSIONS = 18
 _CORRELATION_ID = 0x5EC
 
 
-def kafka_answers_plaintext(address: str) -> bool:
-    """Whether a Kafka ApiVersions request (v0) in plaintext gets its answer at ``address``."""
+def kafka_answers(address: str, tls: ssl.SSLContext | None = None) -> bool:
+    """Whether a Kafka ApiVersions request (v0) gets its answer at ``address``: in plaintext, or
+    over TLS with ``tls`` (a SASL listener answers it before any login)."""
     host, port = address.rsplit(":", 1)
-    client_id = b"plaintext-probe"
+    client_id = b"probe"
     header = struct.pack(">hhih", _API_VERSIONS, 0, _CORRELATION_ID, len(client_id))
     request = header + client_id
-    with socket.create_connection((host, int(port)), timeout=30) as connection:
-        connection.sendall(struct.pack(">i", len(request)) + request)
+    with socket.create_connection((host, int(port)), timeout=30) as raw:
         try:
+            connection = tls.wrap_socket(raw, server_hostname=host) if tls else raw
+            connection.sendall(struct.pack(">i", len(request)) + request)
             reply = connection.makefile("rb").read(8)  # the answer's size and correlation id
-        except ConnectionResetError:
+        except (ConnectionError, ssl.SSLError):  # refused at the handshake or after it
             return False
     return len(reply) == 8 and struct.unpack(">ii", reply)[1] == _CORRELATION_ID
+
+
+def internal_listener(node: KafkaNode) -> str:
+    """The node's plaintext listener for its own traffic (never told to clients)."""
+    lines = node.config.read_text().splitlines()
+    settings = dict(line.split("=", 1) for line in lines if "=" in line)
+    listeners = dict(entry.split("://", 1) for entry in settings["listeners"].split(","))
+    return listeners["INTERNAL"]
 
 
 def test_plaintext_clients_are_refused_by_both_servers(servers: SecureServers) -> None:
@@ -182,12 +316,11 @@ def test_plaintext_clients_are_refused_by_both_servers(servers: SecureServers) -
     )
     with pytest.raises(redis.ConnectionError):
         plaintext_redis.ping()
-    # The broker behind the TLS terminator answers this request; the address clients are given
-    # does not.
-    assert kafka_answers_plaintext(servers.broker.address)
-    assert not kafka_answers_plaintext(servers.kafka_tls.address)
+    # The node's own listener answers this request; the one clients are given does not.
+    assert kafka_answers(internal_listener(servers.broker))
+    assert not kafka_answers(servers.broker.address)
     # Both present a certificate that only the test CA vouches for, which no system trusts.
-    for server in (servers.redis_server, servers.kafka_tls):
+    for server in (servers.redis_server, servers.broker):
         with (
             socket.create_connection((server.host, server.port), timeout=30) as connection,
             pytest.raises(ssl.SSLCertVerificationError, match="certificate verify failed"),
@@ -195,18 +328,36 @@ def test_plaintext_clients_are_refused_by_both_servers(servers: SecureServers) -
             ssl.create_default_context().wrap_socket(connection, server_hostname=server.host)
 
 
+def test_the_broker_answers_only_clients_with_a_certificate(
+    servers: SecureServers,
+) -> None:
+    trusting = ssl.create_default_context(cafile=servers.tls.ca)
+    assert not kafka_answers(servers.broker.address, trusting)
+    with_certificate = ssl.create_default_context(cafile=servers.tls.ca)
+    with_certificate.load_cert_chain(
+        servers.engine_client.cert, servers.engine_client.key, password=KAFKA_KEY_SECRET
+    )
+    assert kafka_answers(servers.broker.address, with_certificate)
+
+
 def test_each_secret_given_to_the_engine_is_what_lets_it_in(servers: SecureServers) -> None:
-    # The engine's start-up check, with the secrets the runs below are given ...
-    settings = servers.engine_settings()
+    servers.provision("secrets-check")
+    # The engine's start-up checks, with the secrets the runs below are given ...
+    settings = servers.engine_settings("secrets-check")
     check_kafka(settings.kafka, DEFAULT_TIMEOUT_S)
+    assert check_kafka_rights(settings.kafka, DEFAULT_TIMEOUT_S) == set()
     check_redis(settings.redis, DEFAULT_TIMEOUT_S)
-    # ... and with either one wrong. A client key that does not unlock makes no connection at
-    # all (kafka-python loads it before each one), however long the check waits.
-    wrong_password = servers.engine_settings(redis_password=NOT_THE_PASSWORD)
+    # ... and with any one wrong. A client key that does not unlock makes no connection at all
+    # (kafka-python loads it before each one, and the broker asks every client for its
+    # certificate), and a wrong SCRAM password no login, however long the check waits.
+    wrong_password = servers.engine_settings("secrets-check", redis_password=NOT_THE_PASSWORD)
     with pytest.raises(UnreachableError, match="login refused"):
         check_redis(wrong_password.redis, DEFAULT_TIMEOUT_S)
-    with pytest.raises(UnreachableError, match=f"Kafka at {servers.kafka_tls.address}"):
-        check_kafka(servers.engine_settings(key_password=NOT_THE_PASSWORD).kafka, 2.0)
+    wrong_key = servers.engine_settings("secrets-check", key_password=NOT_THE_PASSWORD)
+    wrong_login = servers.engine_settings("secrets-check", sasl_password=NOT_THE_PASSWORD)
+    for wrong in (wrong_key, wrong_login):
+        with pytest.raises(UnreachableError, match=f"Kafka at {servers.broker.address}"):
+            check_kafka(wrong.kafka, 2.0)
 
 
 def test_the_engine_user_may_write_only_under_its_prefix(servers: SecureServers) -> None:
@@ -223,34 +374,114 @@ def test_the_engine_user_may_write_only_under_its_prefix(servers: SecureServers)
             command()
 
 
+def test_the_engine_principal_may_do_what_the_engine_does_and_nothing_else(
+    servers: SecureServers,
+) -> None:
+    events = "rights-check"
+    servers.provision(events)
+    admin = KafkaAdminClient(bootstrap_servers=servers.broker.address, **servers.admin_kafka())
+    try:
+        admin.create_topics([NewTopic("admin-only", 1, 1)])
+        # Every ACL of the cluster, as the admin lists them: each is one of ENGINE_RIGHTS, for
+        # User:engine alone, on one literal topic of an engine file (other tests provision
+        # theirs, some with a right fewer). No cluster, group or prefixed ACL, no ACL for
+        # every user (User:*), none for another host, and only grants (no DENY carving
+        # exceptions out of a wider grant).
+        acls, _ = admin.describe_acls(ALL_ACLS)
+    finally:
+        admin.close()
+    for acl in acls:
+        pattern = acl.resource_pattern
+        assert (acl.principal, acl.host, acl.permission_type) == (
+            f"User:{KAFKA_ENGINE}",
+            "*",
+            ACLPermissionType.ALLOW,
+        ), acl
+        assert (pattern.resource_type, pattern.pattern_type) == (
+            ResourceType.TOPIC,
+            ACLResourcePatternType.LITERAL,
+        ), acl
+        assert (role_of(pattern.resource_name)[1], acl.operation) in ENGINE_RIGHTS, acl
+    granted = [(role_of(acl.resource_pattern.resource_name), acl.operation) for acl in acls]
+    assert sorted((role, op) for (family, role), op in granted if family == events) == sorted(
+        ENGINE_RIGHTS
+    )
+    client = servers.engine_settings(events).kafka.client_settings()
+    bootstrap = servers.broker.address
+    engine = KafkaAdminClient(
+        bootstrap_servers=bootstrap,
+        **{k: v for k, v in client.items() if k in KafkaAdminClient.DEFAULT_CONFIG},
+    )
+    try:
+        # What the broker's authorizer says the engine may do, topic by topic (implied rights
+        # included), and on a topic it was given no right on.
+        dead_letter, config = topic_of(events, "dead-letter"), topic_of(events, "config")
+        described = engine.describe_topics([events, dead_letter, config, "admin-only"])
+        rights = {t["name"]: set(t["authorized_operations"] or ()) for t in described}
+        assert rights == {
+            events: {"DESCRIBE", "READ"},
+            dead_letter: {"DESCRIBE", "WRITE"},
+            config: {"DESCRIBE", "DESCRIBE_CONFIGS", "READ"},
+            "admin-only": set(),
+        }
+        [admin_only] = [t for t in described if t["name"] == "admin-only"]
+        assert admin_only["error_code"] == TopicAuthorizationFailedError.errno
+        # And what it is refused when it tries: another topic, the cluster's ACLs, writing
+        # events or the configuration log, reading its dead letters, a consumer group.
+        with pytest.raises(TopicAuthorizationFailedError):
+            engine.create_topics([NewTopic("not-for-the-engine", 1, 1)])
+        with pytest.raises(ClusterAuthorizationFailedError):
+            engine.describe_acls(ALL_ACLS)
+    finally:
+        engine.close()
+    producer = KafkaProducer(bootstrap_servers=bootstrap, **client)
+    try:
+        for topic in (events, config):
+            with pytest.raises(TopicAuthorizationFailedError):
+                producer.send(topic, b"{}").get(timeout=30)
+    finally:
+        producer.close()
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **client)
+    try:
+        consumer.assign([TopicPartition(dead_letter, 0)])
+        consumer.seek(TopicPartition(dead_letter, 0), 0)
+        with pytest.raises(TopicAuthorizationFailedError):
+            consumer.poll(timeout_ms=30_000)
+    finally:
+        consumer.close()
+    member = KafkaConsumer(events, bootstrap_servers=bootstrap, group_id="engine", **client)
+    try:
+        with pytest.raises(GroupAuthorizationFailedError):
+            member.poll(timeout_ms=30_000)
+    finally:
+        member.close()
+
+
 def test_sasl_settings_reach_every_kafka_client_of_the_engine() -> None:
-    sasl_secret = "sasl-Secret-6c0f2"
     client = {
         "security_protocol": "SASL_SSL",
         "sasl_mechanism": "SCRAM-SHA-512",
         "sasl_plain_username": "engine",
-        "sasl_plain_password": sasl_secret,
+        "sasl_plain_password": SASL_SECRET,
         "ssl_cafile": "/etc/ca.pem",
     }
     settings = EngineSettings.model_validate({"kafka": {"client": client}})
     # The source, as Spark hands it its options (kafka.* strings) ...
     options = SourceOptions.parse(source_options(settings.kafka))
     assert options.client == client
-    assert sasl_secret not in repr(options)
+    assert SASL_SECRET not in repr(options)
     # ... the dead-letter producer ...
     sink = SinkSettings.of(settings)
     assert dict(sink.kafka_client) == client
-    assert sasl_secret not in repr(sink)
+    assert SASL_SECRET not in repr(sink)
     # ... and the preflight check and configuration log (the same client settings).
     assert settings.kafka.client_settings() == client
 
 
 def test_the_secrets_are_masked_in_what_the_engine_logs(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = {"ssl_password": KAFKA_KEY_SECRET, "sasl_plain_password": SASL_SECRET}
     settings = EngineSettings.model_validate(
-        {
-            "kafka": {"client": {"ssl_password": KAFKA_KEY_SECRET}},
-            "redis": {"password": ENGINE_SECRET},
-        }
+        {"kafka": {"client": client}, "redis": {"password": ENGINE_SECRET}}
     )
     assert not [s for s in ENGINE_SECRETS if s in repr(settings) or s in settings.model_dump_json()]
     logged = io.StringIO()
@@ -259,20 +490,81 @@ def test_the_secrets_are_masked_in_what_the_engine_logs(monkeypatch: pytest.Monk
     log = logging.getLogger("quotastream.test")
     log.warning("connecting with %s and %s", ENGINE_SECRET, settings.kafka.client_settings())
     try:
-        raise ConnectionError(f"refused: {KAFKA_KEY_SECRET}")
+        raise ConnectionError(f"refused: {KAFKA_KEY_SECRET}, {SASL_SECRET}")
     except ConnectionError:
         log.exception("the connection failed")
     text = logged.getvalue()
-    assert "connecting with *** and {'ssl_password': '***'}" in text
-    assert "ConnectionError: refused: ***" in text
+    assert "connecting with *** and {'ssl_password': '***', 'sasl_plain_password': '***'}" in text
+    assert "ConnectionError: refused: ***, ***" in text
     assert not [secret for secret in ENGINE_SECRETS if secret in text], text
 
 
+def denial(role: str, operation: ACLOperation, denied: str) -> Any:
+    return pytest.param((role, operation), denied, id=f"{role}-{operation.name}")
+
+
+@pytest.mark.parametrize(
+    ("without", "denied"),
+    [
+        denial("events", ACLOperation.READ, "READ topic '{events}' (TOPIC_AUTHORIZATION_FAILED)"),
+        denial(
+            "dead-letter",
+            ACLOperation.WRITE,
+            "WRITE topic '{events}.dead-letter' (TOPIC_AUTHORIZATION_FAILED)",
+        ),
+        denial(
+            "config", ACLOperation.READ, "READ topic '{events}.config' (TOPIC_AUTHORIZATION_FAILED)"
+        ),
+        denial(
+            "config",
+            ACLOperation.DESCRIBE_CONFIGS,
+            "DESCRIBE_CONFIGS topic '{events}.config' (allowed there: DESCRIBE, READ)",
+        ),
+        # The operator did not make the configuration log, so the engine must, and may not.
+        denial(
+            "config",
+            ACLOperation.CREATE,
+            "CREATE topic '{events}.config' (TOPIC_AUTHORIZATION_FAILED)",
+        ),
+    ],
+)
+def test_a_denied_right_is_one_line_naming_principal_operation_and_topic_and_nothing_starts(
+    servers: SecureServers, tmp_path: Path, without: tuple[str, ACLOperation], denied: str
+) -> None:
+    role, operation = without
+    events = f"denied-{role}-{operation.name.lower()}"
+    servers.provision(events, without=without)
+    engine = engine_file(
+        tmp_path,
+        events,
+        servers.broker.address,
+        servers.engine_redis(),
+        kafka={"client": servers.engine_kafka_client()},
+    )
+    run = subprocess.run(
+        quotastream("run", "--engine-config", str(engine), "--available-now"),
+        capture_output=True,
+        env={**os.environ, **ENGINE_ENVIRONMENT},
+        timeout=300,
+        check=False,
+        start_new_session=True,
+    )
+    stderr = run.stderr.decode(errors="replace")
+    assert run.returncode == EXIT_UNREACHABLE, stderr[-3000:]
+    expected = (
+        f"quotastream: error: not started: Kafka at {servers.broker.address}: "
+        f"User:{KAFKA_ENGINE} may not {denied.format(events=events)}"
+    )
+    assert stderr.splitlines()[-1] == expected, stderr[-3000:]
+    assert stderr.count("not started") == 1, stderr[-3000:]
+    # Refused before Spark, the checkpoint or the exporter, with no secret in its output.
+    assert not (tmp_path / "checkpoint").exists()
+    assert "starting Spark" not in stderr
+    assert not [s for s in ENGINE_SECRETS if s.encode() in run.stdout + run.stderr]
+
+
 def publish(servers: SecureServers, topic: str, values: list[bytes]) -> None:
-    admin = KafkaAdminClient(bootstrap_servers=servers.kafka_tls.address, **servers.kafka_client())
-    admin.create_topics([NewTopic(topic, 3, 1)])
-    admin.close()
-    producer = KafkaProducer(bootstrap_servers=servers.kafka_tls.address, **servers.kafka_client())
+    producer = KafkaProducer(bootstrap_servers=servers.broker.address, **servers.admin_kafka())
     for i, value in enumerate(values):
         producer.send(topic, value, partition=i % 3)
     producer.flush()
@@ -280,11 +572,11 @@ def publish(servers: SecureServers, topic: str, values: list[bytes]) -> None:
 
 
 def records_of(servers: SecureServers, topic: str) -> list[bytes]:
-    """Every record value of ``topic``, read over TLS."""
+    """Every record value of ``topic``, read by the admin."""
     consumer = KafkaConsumer(
-        bootstrap_servers=servers.kafka_tls.address,
+        bootstrap_servers=servers.broker.address,
         consumer_timeout_ms=3000,
-        **servers.kafka_client(),
+        **servers.admin_kafka(),
     )
     partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
     consumer.assign(partitions)
@@ -377,7 +669,7 @@ def run_continuously(
         exposition = b""
 
         def backlog_measured() -> bool:
-            # Asked of Kafka at each scrape, by the exporter's own client (the same client key).
+            # Asked of Kafka at each scrape, by the exporter's own client (the same login).
             nonlocal exposition
             with urllib.request.urlopen(url, timeout=30) as reply:
                 exposition = reply.read()
@@ -400,6 +692,7 @@ def test_a_run_over_tls_as_the_engine_user_decides_and_writes_no_secret(
     servers: SecureServers, tmp_path: Path, continuous: bool
 ) -> None:
     topic = f"secure-events-{'continuous' if continuous else 'available-now'}"
+    servers.provision(topic)
     values = mixed_payloads(29 if continuous else 23, 600, users=5, span_ms=5000)
     publish(servers, topic, [*values, b"not json"])
     admin = servers.admin_redis()
@@ -411,7 +704,7 @@ def test_a_run_over_tls_as_the_engine_user_decides_and_writes_no_secret(
     engine = engine_file(
         tmp_path,
         topic,
-        servers.kafka_tls.address,
+        servers.broker.address,
         servers.engine_redis(),
         kafka={"client": servers.engine_kafka_client()},
         spark={"conf": {"spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={temporary}"}},
@@ -439,33 +732,29 @@ def test_a_run_over_tls_as_the_engine_user_decides_and_writes_no_secret(
     else:
         run = run_available_now(command, environment)
 
-    # It decided everything, writing as the least-privileged user over TLS ...
+    # It decided everything, writing as the least-privileged Redis user over TLS ...
     stored = stored_decisions(admin, PREFIX)
     expected = by_key(final_decisions(values, load_quota_config(tmp_path / "quotas.yaml")))
     assert len(stored) == len(expected)
     for (quota, entity), want in expected.items():
         assert stored[f"{PREFIX}:{quota}:{entity}"]["rate"] == pytest.approx(want["rate"])
-    # ... and its dead letter went out over TLS too.
-    dead_letter = records_of(servers, f"{topic}.dead-letter")
+    # ... and its dead letter went out as User:engine, over SASL_SSL too.
+    dead_letter = records_of(servers, topic_of(topic, "dead-letter"))
     assert [json.loads(value)["reason"] for value in dead_letter] == ["invalid_json"]
 
     # No secret in anything it printed, served or wrote: its logs (engine, Spark, workers),
     # Spark's local and temporary folders, the checkpoint, the metrics, what it wrote to Redis
-    # and Kafka, and the servers' folders (logs, the TLS terminator's configuration).
+    # and Kafka, and the servers' folders (their configuration, logs and Kafka's metadata log,
+    # which holds the SCRAM credentials).
     assert b"INFO" in run.output  # the engine's own log is in the captured output
     written = [
         ("output", run.output),
         ("metrics exposition", run.exposition),
         *run.files_while_running,
-        *everything_written(
-            tmp_path,
-            servers.redis_server.workdir,
-            servers.broker.workdir,
-            servers.kafka_tls.workdir,
-        ),
+        *everything_written(tmp_path, servers.redis_server.workdir, servers.broker.workdir),
         *redis_values(admin, PREFIX),
-        *((f"{topic}.dead-letter", value) for value in dead_letter),
-        *((f"{topic}.config", value) for value in records_of(servers, f"{topic}.config")),
+        *((topic_of(topic, "dead-letter"), value) for value in dead_letter),
+        *((topic_of(topic, "config"), v) for v in records_of(servers, topic_of(topic, "config"))),
     ]
     for secret in ENGINE_SECRETS:
         leaks = [where for where, data in written if secret.encode() in data]

@@ -127,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Runs the streaming query: Kafka events to quota decisions in Redis, with a live view "
             "of the entities nearest their limits. Without --engine-config it starts everything "
-            "itself on free loopback ports (a Kafka-compatible broker, Redis, simulated traffic); "
+            "itself on free loopback ports (an Apache Kafka broker, Redis, simulated traffic); "
             "with it, it uses the Kafka and Redis the file names. Ctrl-C stops all it started."
         ),
         **examples(

@@ -1,6 +1,6 @@
 """``quotastream run``: the streaming engine, on its embedded default or on configured servers.
 
-Embedded (the default without ``--engine-config``): a Kafka-compatible broker and a Redis on free
+Embedded (the default without ``--engine-config``): an Apache Kafka broker and a Redis on free
 loopback ports, the simulated traffic, local Spark, and a live view. Pointing the engine at a real
 cluster is configuration only (``conf/engine.yaml`` and ``QUOTASTREAM_*`` variables).
 """

@@ -75,18 +75,22 @@ class ConfigLog:
         self._consumer: KafkaConsumer | None = None
 
     def ensure_topic(self) -> None:
-        """Creates the topic (one partition, infinite retention) or checks the existing one."""
+        """Checks the existing topic, or creates it (one partition, infinite retention).
+
+        Created only when the metadata lacks it: Kafka authorizes a CreateTopics request
+        before it finds the topic exists, and an engine whose principal may not create topics
+        (its topics made by an operator) must still start."""
         admin = KafkaAdminClient(
             bootstrap_servers=self.bootstrap_servers.split(","),
             **self._settings_for(KafkaAdminClient),
         )
         try:
-            with contextlib.suppress(TopicAlreadyExistsError):
-                admin.create_topics(
-                    [NewTopic(self.topic, PARTITIONS, -1, topic_configs=TOPIC_CONFIGS)],
-                    timeout_ms=self._timeout_ms,
-                )
-            self._check_partitions()
+            if not self._check_partitions():
+                with contextlib.suppress(TopicAlreadyExistsError):
+                    admin.create_topics(
+                        [NewTopic(self.topic, PARTITIONS, -1, topic_configs=TOPIC_CONFIGS)],
+                        timeout_ms=self._timeout_ms,
+                    )
             self._check_retention(admin)
         finally:
             admin.close()
