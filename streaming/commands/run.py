@@ -159,8 +159,8 @@ def _embedded(settings: EngineSettings, console: Console) -> Iterator[EngineSett
         checkpoint = tempfile.mkdtemp(prefix="quotastream-checkpoint-")
         console.print(
             f"embedded: Apache Kafka {kafka.version} broker {kafka.address}, "
-            f"Redis {redis_server.address}, "
-            f"checkpoint {checkpoint}"
+            f"Redis {redis_server.address}, checkpoint {checkpoint}",
+            soft_wrap=True,  # one line, whatever the terminal's width: scripts read it
         )
         try:
             yield settings.pointed_at(
