@@ -227,7 +227,8 @@ class KafkaCluster:
     nodes: list[KafkaNode]
 
     @property
-    def bootstrap_servers(self) -> str:
+    def address(self) -> str:
+        """The bootstrap servers: every node, as clients are given them."""
         return ",".join(node.address for node in self.nodes)
 
     @property

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
-from kafka import KafkaProducer
+from kafka import KafkaAdminClient, KafkaProducer
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable
@@ -38,7 +38,7 @@ from streaming.engine.kafka_source import KafkaStreamReader
 from streaming.engine.metric_names import KAFKA_OUTAGE, KAFKA_OUTAGES, SOURCE_DATA_LOSS
 from streaming.engine.offsets import SourceOptions
 from streaming.engine.source_status import read_status
-from streaming.kafka_broker import KafkaNode, start_kafka
+from streaming.kafka_broker import KafkaCluster, KafkaNode, start_kafka
 from streaming.services import LocalService
 from tests.checkpoint import PlannedBatch, planned_batches
 from tests.factories import MIXED_QUOTAS, mixed_payloads, produce
@@ -485,3 +485,67 @@ def test_an_outage_longer_than_the_limit_fails_the_run_with_one_line(
         r"4 s \(\d+ failed attempts\): .+",
         failed[0],
     ), failed[0]
+
+
+#: The rolling restart's traffic: a first part before the query starts, then one part after each
+#: node's restart.
+ROLLING_RECORDS = 900
+
+
+def test_a_rolling_restart_of_a_three_node_cluster_is_read_through_and_decided_once(
+    spark: SparkSession, redis_server: LocalService, kafka_cluster: KafkaCluster, tmp_path: Path
+) -> None:
+    """The events topic is replicated to all three nodes; while the query runs, each node in
+    turn is stopped (Kafka's controlled shutdown moves its leaderships away), started again with
+    its log, and waited for until every replica is back in sync, as an operator's rolling
+    restart does; records are published between the restarts. The query never stops, reads
+    every record once and decides as the batch recomputation does."""
+    topic = f"rolling-{uuid.uuid4().hex[:8]}"
+    values = mixed_payloads(9, ROLLING_RECORDS, users=6, span_ms=5000)
+    parts = [values[i::4] for i in range(4)]
+    ordered = [value for part in parts for value in part]
+    publish(kafka_cluster, topic, parts[0], replicas=3)
+    settings = engine_settings(kafka_cluster, redis_server, tmp_path, topic)
+    query = start_query(spark, settings, CONFIG)
+    try:
+        wait_until_read(query, topic, len(parts[0]))
+        published = len(parts[0])
+        for index, part in enumerate(parts[1:]):
+            node = kafka_cluster.nodes[index]
+            kafka_cluster.nodes[index] = node.restart()
+            wait_until_in_sync(kafka_cluster, [topic, f"{topic}.config"])
+            publish(kafka_cluster, topic, part, create=False)
+            published += len(part)
+            assert query.isActive, query.exception()
+        assert published == ROLLING_RECORDS
+        wait_until_read(query, topic, ROLLING_RECORDS)
+        assert query.exception() is None
+    finally:
+        query.stop()
+    checkpoint = tmp_path / "checkpoint"
+    assert sum(planned_batches(checkpoint)[-1].offsets[topic].values()) == ROLLING_RECORDS
+    assert_matches_batch_recomputation(spark, checkpoint, redis_server, topic, ordered, CONFIG)
+
+
+def wait_until_in_sync(cluster: KafkaCluster, topics: list[str], timeout_s: float = 120) -> None:
+    """Until every partition of ``topics`` has all its replicas in sync (and a leader)."""
+    admin = KafkaAdminClient(bootstrap_servers=cluster.address)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            partitions = [
+                partition
+                for described in admin.describe_topics(topics)
+                for partition in described["partitions"]
+            ]
+            lagging = [
+                p["partition_index"]
+                for p in partitions
+                if p["leader_id"] < 0 or sorted(p["isr_nodes"]) != sorted(p["replica_nodes"])
+            ]
+            if partitions and not lagging:
+                return
+            assert time.monotonic() < deadline, f"out of sync: {lagging} of {topics}"
+            time.sleep(0.2)
+    finally:
+        admin.close()

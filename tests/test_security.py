@@ -747,6 +747,13 @@ def test_a_run_over_tls_as_the_engine_user_decides_and_writes_no_secret(
     # and Kafka, and the servers' folders (their configuration, logs and Kafka's metadata log,
     # which holds the SCRAM credentials).
     assert b"INFO" in run.output  # the engine's own log is in the captured output
+    # The live view's user may write its keys but not list them: said so, not "unreachable".
+    summaries = [
+        line for line in run.output.decode(errors="replace").splitlines() if "quotastream:" in line
+    ]
+    assert summaries, run.output[-3000:]
+    assert not [line for line in summaries if "unreachable" in line], summaries
+    assert f"no view: Redis user {ENGINE_USER} may not list the decisions" in summaries[-1]
     written = [
         ("output", run.output),
         ("metrics exposition", run.exposition),

@@ -123,13 +123,13 @@ def test_a_broker_started_anew_on_a_port_has_an_empty_log() -> None:
 def test_a_three_node_cluster_replicates_and_survives_a_node_restart(
     kafka_cluster: KafkaCluster,
 ) -> None:
-    admin = KafkaAdminClient(bootstrap_servers=kafka_cluster.bootstrap_servers)
+    admin = KafkaAdminClient(bootstrap_servers=kafka_cluster.address)
     admin.create_topics([NewTopic("replicated", 1, 3)])
     [described] = admin.describe_topics(["replicated"])
     admin.close()
     [partition] = described["partitions"]
     assert sorted(partition["replica_nodes"]) == [1, 2, 3]
-    assert _round_trip(kafka_cluster.bootstrap_servers, "replicated", b"one") == [b"one"]
+    assert _round_trip(kafka_cluster.address, "replicated", b"one") == [b"one"]
     [leader] = [node for node in kafka_cluster.nodes if node.node_id == partition["leader_id"]]
     leader.stop(keep_log=True)
     try:

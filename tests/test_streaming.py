@@ -34,6 +34,7 @@ from streaming.engine.metric_names import REDIS_WRITE_FAILURES
 from streaming.engine.offsets import records_read
 from streaming.engine.settings import EngineSettings
 from streaming.engine.source_status import read_status
+from streaming.kafka_broker import KafkaCluster
 from streaming.services import LocalService, start_redis
 from tests.checkpoint import planned_batches
 from tests.expected import by_key, final_decisions
@@ -51,7 +52,7 @@ CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
 
 
 def engine_settings(
-    kafka: LocalService,
+    kafka: LocalService | KafkaCluster,
     redis_server: LocalService,
     tmp_path: Path,
     topic: str,
@@ -78,13 +79,20 @@ def engine_settings(
 
 
 def publish(
-    kafka: LocalService, topic: str, values: list[bytes], partitions: int = 3, create: bool = True
+    kafka: LocalService | KafkaCluster,
+    topic: str,
+    values: list[bytes],
+    partitions: int = 3,
+    create: bool = True,
+    replicas: int = 1,
 ) -> None:
+    """``values`` round-robin over the topic's partitions, each acknowledged by every in-sync
+    replica; ``create``: the topic is created first, with ``partitions`` and ``replicas``."""
     if create:
         admin = KafkaAdminClient(bootstrap_servers=kafka.address)
-        admin.create_topics([NewTopic(topic, partitions, 1)])
+        admin.create_topics([NewTopic(topic, partitions, replicas)])
         admin.close()
-    producer = KafkaProducer(bootstrap_servers=kafka.address, linger_ms=10)
+    producer = KafkaProducer(bootstrap_servers=kafka.address, linger_ms=10, acks="all")
     for i, value in enumerate(values):
         producer.send(topic, value, partition=i % partitions)
     producer.flush()

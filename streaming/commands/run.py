@@ -206,6 +206,12 @@ def _view(client: redis.Redis, settings: EngineSettings, live: Live | None) -> s
     writes wait for it: ``redis.max_outage_s``)."""
     try:
         view = snapshot(client, settings.redis.key_prefix)
+    except redis.exceptions.NoPermissionError:
+        # A least-privilege user (quotastream/acl.py) may write its keys but not list them.
+        return (
+            f"no view: Redis user {settings.redis.username or 'default'} may not list the "
+            "decisions (SCAN); they are written all the same"
+        )
     except (redis.RedisError, OSError) as exc:
         return f"Redis at {settings.redis.endpoint} unreachable: {first_line(exc)}"
     if live is not None:
