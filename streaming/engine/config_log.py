@@ -107,7 +107,7 @@ class ConfigLog:
         if 0 not in partitions:
             return 0
         ends = end_offsets(self._reader(), [self._partition], self._timeout_ms)
-        return ends[(self.topic, 0)]
+        return ends.get((self.topic, 0), 0)  # gone since the metadata was read: no records
 
     def read(self, start: int, end: int) -> list[bytes]:
         """The records at offsets ``[start, end)``, waiting out an outage up to
