@@ -15,6 +15,7 @@ has an empty log, as a broker whose disk was lost.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import os
 import re
 import shutil
@@ -194,19 +195,7 @@ class KafkaNode(LocalService):
         self.stop(keep_log=True)
         self._handed_over = True
         process = _launch_node(self.config, self.workdir, self.heap)
-        node = KafkaNode(
-            self.name,
-            self.host,
-            self.port,
-            process,
-            self.workdir,
-            self.log_path,
-            node_id=self.node_id,
-            controller_port=self.controller_port,
-            version=self.version,
-            config=self.config,
-            heap=self.heap,
-        )
+        node = dataclasses.replace(self, process=process, _stopped=False, _handed_over=False)
         _wait_for_nodes([node], timeout)
         return node
 
@@ -230,10 +219,6 @@ class KafkaCluster:
     def address(self) -> str:
         """The bootstrap servers: every node, as clients are given them."""
         return ",".join(node.address for node in self.nodes)
-
-    @property
-    def version(self) -> str:
-        return self.nodes[0].version
 
     def stop(self) -> None:
         """Ends every node at once and removes their logs. Not one by one: the last nodes of a
@@ -263,18 +248,23 @@ def start_kafka(
     """One Apache Kafka node (a cluster of its own) on a free loopback port, or on ``port`` (a
     broker started anew where clients expect it: its log is empty). ``properties`` are added to
     (and override) the node's configuration."""
-    for attempt in range(3):
-        client_port = port or free_port()
+    attempts = 1 if port is not None else _PORT_ATTEMPTS
+    for attempt in range(1, attempts + 1):
         try:
             [node] = _start_nodes(
-                [client_port], security, dict(properties or {}), heap, timeout, standalone=True
+                [port or free_port()],
+                security,
+                dict(properties or {}),
+                heap,
+                timeout,
+                standalone=True,
             )
         except _PortTakenError:
-            if port is not None or attempt == 2:
+            if attempt == attempts:
                 raise
             continue
         return node
-    raise AssertionError("unreachable")
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def start_kafka_cluster(
@@ -301,6 +291,10 @@ def start_kafka_cluster(
         ports, security, replicated | dict(properties or {}), heap, timeout, standalone=False
     )
     return KafkaCluster(nodes)
+
+
+#: Free ports tried for a node: another process may take a port between its choice and the bind.
+_PORT_ATTEMPTS = 3
 
 
 class _PortTakenError(ServiceError):
