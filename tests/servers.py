@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from xml.etree import ElementTree
+
+from kafka import KafkaAdminClient
 
 from streaming.services import (
     LOOPBACK,
@@ -110,3 +113,27 @@ def pinned_kafka_version() -> str:
     version = None if found is None else found.text
     assert version, f"no kafka.version property in {pom}"
     return version
+
+
+def wait_until_in_sync(bootstrap_servers: str, topics: list[str], timeout_s: float = 120) -> None:
+    """Until every partition of ``topics`` has a leader and all its replicas in sync: a topic
+    just created, or a node just restarted, is served by every broker only then."""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            described = admin.describe_topics(topics)
+            # A topic the answering broker does not know yet has an error and no partitions.
+            unknown = [t["name"] for t in described if t["error_code"] or not t["partitions"]]
+            lagging = [
+                (t["name"], p["partition_index"])
+                for t in described
+                for p in t["partitions"]
+                if p["leader_id"] < 0 or sorted(p["isr_nodes"]) != sorted(p["replica_nodes"])
+            ]
+            if not unknown and not lagging:
+                return
+            assert time.monotonic() < deadline, f"unknown: {unknown}; out of sync: {lagging}"
+            time.sleep(0.2)
+    finally:
+        admin.close()

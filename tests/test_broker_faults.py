@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
-from kafka import KafkaAdminClient, KafkaProducer
+from kafka import KafkaProducer
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable
@@ -42,6 +42,7 @@ from streaming.kafka_broker import KafkaCluster, KafkaNode, start_kafka
 from streaming.services import LocalService
 from tests.checkpoint import PlannedBatch, planned_batches
 from tests.factories import MIXED_QUOTAS, mixed_payloads, produce
+from tests.servers import wait_until_in_sync
 from tests.test_chaos import assert_matches_batch_recomputation, commits, engine_file, quotastream
 from tests.test_metrics import samples
 from tests.test_streaming import engine_settings, publish
@@ -513,7 +514,7 @@ def test_a_rolling_restart_of_a_three_node_cluster_is_read_through_and_decided_o
         for index, part in enumerate(parts[1:]):
             node = kafka_cluster.nodes[index]
             kafka_cluster.nodes[index] = node.restart()
-            wait_until_in_sync(kafka_cluster, [topic, f"{topic}.config"])
+            wait_until_in_sync(kafka_cluster.address, [topic, f"{topic}.config"])
             publish(kafka_cluster, topic, part, create=False)
             published += len(part)
             assert query.isActive, query.exception()
@@ -525,27 +526,3 @@ def test_a_rolling_restart_of_a_three_node_cluster_is_read_through_and_decided_o
     checkpoint = tmp_path / "checkpoint"
     assert sum(planned_batches(checkpoint)[-1].offsets[topic].values()) == ROLLING_RECORDS
     assert_matches_batch_recomputation(spark, checkpoint, redis_server, topic, ordered, CONFIG)
-
-
-def wait_until_in_sync(cluster: KafkaCluster, topics: list[str], timeout_s: float = 120) -> None:
-    """Until every partition of ``topics`` has all its replicas in sync (and a leader)."""
-    admin = KafkaAdminClient(bootstrap_servers=cluster.address)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            partitions = [
-                partition
-                for described in admin.describe_topics(topics)
-                for partition in described["partitions"]
-            ]
-            lagging = [
-                p["partition_index"]
-                for p in partitions
-                if p["leader_id"] < 0 or sorted(p["isr_nodes"]) != sorted(p["replica_nodes"])
-            ]
-            if partitions and not lagging:
-                return
-            assert time.monotonic() < deadline, f"out of sync: {lagging} of {topics}"
-            time.sleep(0.2)
-    finally:
-        admin.close()

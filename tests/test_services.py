@@ -31,7 +31,7 @@ from streaming.services import (
     start_redis,
     start_server,
 )
-from tests.servers import pinned_kafka_version
+from tests.servers import pinned_kafka_version, wait_until_in_sync
 
 BINARIES = [redis_binary(prefer_system=False)]
 if shutil.which("redis-server"):
@@ -125,6 +125,7 @@ def test_a_three_node_cluster_replicates_and_survives_a_node_restart(
 ) -> None:
     admin = KafkaAdminClient(bootstrap_servers=kafka_cluster.address)
     admin.create_topics([NewTopic("replicated", 1, 3)])
+    wait_until_in_sync(kafka_cluster.address, ["replicated"])
     [described] = admin.describe_topics(["replicated"])
     admin.close()
     [partition] = described["partitions"]
