@@ -10,6 +10,7 @@ only tests use (a Spark cluster) are ``tests/servers.py``.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
 import logging
@@ -108,19 +109,24 @@ def free_port() -> int:
     connections, and one made meanwhile (Spark, Kafka clients) could take the stopped server's
     port. Ports below the range are never handed out so.
     """
+    return free_ports(1)
+
+
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive free loopback ports below the ephemeral range (a
+    proxy's bootstrap port and its brokers' ports: ``first + node id``)."""
     first_ephemeral = _first_ephemeral_port()
     for _ in range(100):
-        port = secrets.randbelow(first_ephemeral - _FIRST_FREE_PORT) + _FIRST_FREE_PORT
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        first = secrets.randbelow(first_ephemeral - _FIRST_FREE_PORT - count) + _FIRST_FREE_PORT
+        with contextlib.ExitStack() as probes:
             try:
-                probe.bind((LOOPBACK, port))
+                for port in range(first, first + count):
+                    probe = probes.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    probe.bind((LOOPBACK, port))
             except OSError:
                 continue
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((LOOPBACK, 0))
-        chosen: int = probe.getsockname()[1]
-        return chosen
+        return first
+    raise ServiceError(f"no {count} consecutive free loopback ports below {first_ephemeral}")
 
 
 #: Where :func:`free_port` starts looking: above the ports well-known services use.

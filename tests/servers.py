@@ -8,6 +8,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from xml.etree import ElementTree
 
 from kafka import KafkaAdminClient
@@ -115,10 +116,13 @@ def pinned_kafka_version() -> str:
     return version
 
 
-def wait_until_in_sync(bootstrap_servers: str, topics: list[str], timeout_s: float = 120) -> None:
+def wait_until_in_sync(
+    bootstrap_servers: str, topics: list[str], timeout_s: float = 120, **client: Any
+) -> None:
     """Until every partition of ``topics`` has a leader and all its replicas in sync: a topic
-    just created, or a node just restarted, is served by every broker only then."""
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    just created, or a node just restarted, is served by every broker only then. ``client``:
+    kafka-python settings (security)."""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, **client)
     deadline = time.monotonic() + timeout_s
     try:
         while True:

@@ -183,6 +183,19 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="publish batched messages: JSON arrays of up to N events (default 1: one event each)",
     )
+    proxy = commands.add_parser(
+        "proxy",
+        help="run the Kafka proxy: publish clients' traffic, hold them by the engine's decisions",
+        description=(
+            "Listens for Kafka clients on proxy.bootstrap_port (and node_port_base + each broker "
+            "id), forwards their requests to proxy.upstream, publishes their Produce and Fetch "
+            "bytes to the first events topic and holds each client by its decision in Redis, as "
+            "a broker holds a client over its quota (docs/proxy.md). SIGTERM drains in-flight "
+            "requests, then stops."
+        ),
+        **examples("quotastream proxy --engine-config conf/engine.yaml"),
+    )
+    proxy.add_argument("--engine-config", type=Path, required=True, help="engine settings YAML")
     add_admin_commands(commands)
     return parser
 
@@ -197,9 +210,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args)
     if args.command == "simulate":
         return _simulate(args)
+    if args.command == "proxy":
+        return _proxy(args)
     if args.command in ADMIN_COMMANDS:
         return run_admin(args)
     raise AssertionError(f"unhandled command {args.command}")  # argparse rejects others
+
+
+def _proxy(args: argparse.Namespace) -> int:
+    from streaming.commands.proxy import run_proxy  # noqa: PLC0415 (kafka-python, for this only)
+
+    try:
+        settings = load_engine_settings(args.engine_config)
+        load_quota_config(Path(settings.quotas))
+    except ConfigError as exc:
+        return _fail(EXIT_USAGE, str(exc))
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return run_proxy(settings)
 
 
 def _replay(args: argparse.Namespace) -> int:

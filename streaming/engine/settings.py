@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from quotastream.proxy.settings import ProxySettings
 from state.configfile import ConfigError, describe_validation_error, read_yaml_mapping
 from state.events import EventBounds
 from state.timing_wheel import KAFKA_TICK_MS, KAFKA_WHEEL_SIZE
@@ -205,6 +206,8 @@ class EngineSettings(BaseSettings):
     spark: SparkSettings = SparkSettings()
     timers: TimerSettings = TimerSettings()
     metrics: MetricsSettings = MetricsSettings()
+    #: ``quotastream proxy`` (docs/proxy.md); the engine itself does not read it.
+    proxy: ProxySettings = ProxySettings()
 
     def pointed_at(
         self,

@@ -1,0 +1,456 @@
+"""One client connection and the broker connection it maps to: the proxy's connection loop.
+
+Frames are forwarded whole (a request reaches the broker only once all of it arrived, so a
+client that disconnects mid-request leaves nothing half-written upstream), without being
+decoded: only a request's header is read, and the responses that must be rewritten (broker
+addresses, ApiVersions, a raised throttle) are decoded with kafka-python's codecs.
+
+A client is held as a broker holds it (KIP-219): when a Produce or Fetch response carries a
+throttle, the connection is muted that long, reading nothing from the client. The throttle is
+the larger of the broker's and what remains of the engine's decision for the client, and the
+response says so in ``throttle_time_ms`` for clients that hold back by themselves; muting holds
+those that do not (librdkafka, aiokafka). While a connection is throttled it forwards one
+request at a time, the next only after the previous response and its throttle, as a broker
+processes one request per connection: a client with several requests in flight (kafka-python's
+five) would otherwise slip them through at each unmute. A request of a client the engine holds
+waits out the hold before it is forwarded, on every connection of that client; an ``acks=0``
+Produce, which has no response, mutes its connection right after it is forwarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from quotastream.proxy import wire
+from quotastream.proxy.identity import Identity, UnreadablePrincipalError
+from quotastream.proxy.routing import REWRITTEN, Address, advertised_versions
+from quotastream.proxy.usage import FETCH, PRODUCE
+
+if TYPE_CHECKING:
+    from quotastream.proxy.server import ProxyContext
+
+log = logging.getLogger(__name__)
+
+_KIND = {wire.PRODUCE: PRODUCE, wire.FETCH: FETCH}
+
+
+class FrameReader:
+    """Splits a byte stream into whole frames (each with its 4-byte length prefix).
+
+    A chunk holding whole frames is sliced without copying; a frame spread over chunks is joined
+    once, when its last byte arrives.
+    """
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        self._max = max_frame_bytes
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._needed = 4
+
+    @property
+    def partial(self) -> bool:
+        """Part of a frame is buffered (its sender stopped mid-frame if the stream ends here)."""
+        return self._buffered > 0
+
+    def feed(self, data: bytes) -> list[memoryview]:
+        if self._chunks:
+            self._chunks.append(data)
+            self._buffered += len(data)
+            if self._buffered < self._needed:
+                return []
+            data = b"".join(self._chunks)
+            self._chunks, self._buffered = [], 0
+        view = memoryview(data)
+        frames = []
+        offset, end = 0, len(data)
+        self._needed = 4
+        while end - offset >= 4:
+            size = wire.frame_size(view[offset : offset + 4])
+            if not 0 <= size <= self._max:
+                raise wire.MalformedFrameError(
+                    f"a frame of {size} bytes (the most accepted is {self._max})"
+                )
+            if end - offset < 4 + size:
+                self._needed = 4 + size
+                break
+            frames.append(view[offset : offset + 4 + size])
+            offset += 4 + size
+        if offset < end:
+            self._chunks = [data[offset:]]
+            self._buffered = end - offset
+        return frames
+
+
+@dataclass(slots=True)
+class _InFlight:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str
+
+
+class Connection:
+    """A client connection through the proxy to one broker (``node_id``; None: a bootstrap
+    connection, whose broker is known once it is connected)."""
+
+    def __init__(self, context: ProxyContext, node_id: int | None) -> None:
+        self._context = context
+        self._loop = asyncio.get_running_loop()
+        self.node_id = node_id
+        self.identity = Identity()
+        self._client: asyncio.Transport | None = None
+        self._broker: asyncio.Transport | None = None
+        self._requests = FrameReader(context.settings.max_frame_bytes)
+        self._responses = FrameReader(context.settings.max_frame_bytes)
+        self._pending: deque[memoryview] = deque()
+        self._in_flight: deque[_InFlight] = deque()
+        self._muted_until = 0.0
+        self._throttled = False
+        self._wakeup: asyncio.TimerHandle | None = None
+        self._reading = True
+        self._draining = False
+        self.closed = asyncio.get_running_loop().create_future()
+
+    # --- the client side ---------------------------------------------------------------------
+
+    def client_connected(self, transport: asyncio.Transport) -> None:
+        self._client = transport
+        self._context.opened(self)
+        self._pause_client()  # until the broker connection is up
+        self._loop.create_task(self._connect_broker())
+
+    async def _connect_broker(self) -> None:
+        try:
+            address = await self._context.upstream_for(self.node_id)
+            if self.node_id is None:
+                self.node_id = self._context.routes.node_of(address)
+            _, protocol = await self._loop.create_connection(
+                lambda: _BrokerSide(self),
+                address.host,
+                address.port,
+                ssl=self._context.upstream_ssl,
+                server_hostname=address.host if self._context.upstream_ssl else None,
+            )
+        except (OSError, LookupError) as error:
+            self.close(
+                f"broker {self._describe_broker()} unreachable: {error}", "broker_unreachable"
+            )
+            return
+        if self._client is None or self._client.is_closing():
+            protocol.transport.close()
+            return
+        self._pump()
+
+    def client_data(self, data: bytes) -> None:
+        try:
+            self._pending.extend(self._requests.feed(data))
+        except wire.MalformedFrameError as error:
+            self.close(f"malformed request from the client: {error}", "malformed")
+            return
+        self._pump()
+
+    def client_lost(self) -> None:
+        if self._requests.partial:
+            log.info(
+                "client of broker %s left mid-request: its partial request was not forwarded",
+                self._describe_broker(),
+            )
+        self.close(None, "client_closed")
+
+    # --- requests ----------------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Forwards pending requests while the connection may; otherwise waits for the event
+        that unblocks it (the broker connection, a response, the end of a throttle)."""
+        while self._pending and self._broker is not None and not self._closing():
+            now = self._loop.time()
+            if now < self._muted_until:
+                self._wake_at(self._muted_until)
+                break
+            if self._throttled and self._in_flight:
+                break  # one request at a time: the response calls _pump again
+            frame = self._pending[0]
+            try:
+                header = wire.read_request_header(frame[4:])
+                hold_ms = self._hold_ms(header)
+                if hold_ms > 0:
+                    self._throttled = True
+                    self._mute(hold_ms)
+                    continue
+                self._pending.popleft()
+                self._forward(frame, header)
+            except (wire.MalformedFrameError, UnreadablePrincipalError) as error:
+                self.close(f"request refused: {error}", "malformed")
+                return
+            except Exception:  # a bug must cost this connection only, and say so
+                log.exception("closing a client connection: forwarding a request failed")
+                self.close(None, "internal_error")
+                return
+        if self._pending or self._draining or self._loop.time() < self._muted_until:
+            self._pause_client()
+        else:
+            self._resume_client()
+
+    def _hold_ms(self, header: wire.RequestHeader) -> int:
+        kind = _KIND.get(header.api_key)
+        if kind is None or self.node_id is None:
+            return 0
+        key = (kind, self.identity.user, header.client_id or "", self.node_id)
+        return self._context.holds.remaining_ms(key)
+
+    def _forward(self, frame: memoryview, header: wire.RequestHeader) -> None:
+        assert self._broker is not None
+        payload = frame[4:]
+        client_id = header.client_id or ""
+        api = header.api_key
+        expects_response = True
+        if api == wire.SASL_HANDSHAKE:
+            self.identity.handshake(wire.decode_request(header, payload).mechanism)
+        elif api == wire.SASL_AUTHENTICATE:
+            self.identity.authenticate(bytes(wire.decode_request(header, payload).auth_bytes))
+        elif api == wire.PRODUCE:
+            self._record(PRODUCE, client_id, len(payload))
+            expects_response = wire.produce_acks(header, payload) != 0
+        if expects_response:
+            self._in_flight.append(
+                _InFlight(api, header.api_version, header.correlation_id, client_id)
+            )
+        self._broker.write(frame)
+        self._context.forwarded(api, len(frame))
+        if api == wire.PRODUCE and not expects_response:
+            # acks=0: no response to carry a throttle, so the hold starts now.
+            hold_ms = self._hold_ms(header)
+            if hold_ms > 0:
+                self._throttled = True
+                self._mute(hold_ms)
+
+    def _record(self, kind: str, client_id: str, nbytes: int) -> None:
+        if self.node_id is not None:
+            self._context.usage.record(
+                kind=kind,
+                user=self.identity.user,
+                client_id=client_id,
+                broker=self.node_id,
+                nbytes=nbytes,
+                now_ms=int(time.time() * 1000),
+            )
+
+    # --- responses ---------------------------------------------------------------------------
+
+    def broker_connected(self, transport: asyncio.Transport) -> None:
+        self._broker = transport
+
+    def broker_data(self, data: bytes) -> None:
+        try:
+            frames = self._responses.feed(data)
+            for frame in frames:
+                self._respond(frame)
+        except wire.MalformedFrameError as error:
+            self.close(
+                f"malformed response from broker {self._describe_broker()}: {error}", "malformed"
+            )
+            return
+        except Exception:  # a bug must cost this connection only, and say so
+            log.exception("closing a client connection: relaying a response failed")
+            self.close(None, "internal_error")
+            return
+        self._pump()
+
+    def broker_lost(self) -> None:
+        self.close(None if self._closing() else "the broker closed the connection", "broker_closed")
+
+    def _respond(self, frame: memoryview) -> None:
+        if not self._in_flight:
+            raise wire.MalformedFrameError("a response to no request")
+        request = self._in_flight.popleft()
+        payload = frame[4:]
+        if len(payload) < 4 or wire.read_int32(payload, 0) != request.correlation_id:
+            raise wire.MalformedFrameError(
+                f"a response out of order (expected correlation id {request.correlation_id})"
+            )
+        out: memoryview | bytes | bytearray = frame
+        throttle_ms = 0
+        api = request.api_key
+        if api in _KIND:
+            out, throttle_ms = self._throttled_response(request, frame)
+        elif api in wire.RESPONSES:
+            out = self._rewritten(request, frame)
+        assert self._client is not None
+        self._client.write(out)
+        self._context.returned(api, len(out))
+        if api in _KIND:
+            self._throttled = throttle_ms > 0
+            if throttle_ms > 0:
+                self._mute(throttle_ms)
+
+    def _throttled_response(
+        self, request: _InFlight, frame: memoryview
+    ) -> tuple[memoryview | bytes | bytearray, int]:
+        """A Produce or Fetch response with ``throttle_time_ms`` raised to the client's hold
+        and broker addresses rewritten; and the throttle to mute for."""
+        payload = frame[4:]
+        api, version = request.api_key, request.api_version
+        hold_ms = 0
+        if self.node_id is not None:
+            hold_ms = self._context.holds.remaining_ms(
+                (_KIND[api], self.identity.user, request.client_id, self.node_id)
+            )
+        offset = wire.throttle_offset(api, version, payload)
+        needs_decoding = (api == wire.PRODUCE and (version >= 10 or hold_ms > 0)) or (
+            api == wire.FETCH and version >= 16
+        )
+        if not needs_decoding:
+            counted = len(payload)
+            throttle_ms = 0 if offset is None else wire.read_int32(payload, offset)
+            out: memoryview | bytearray = frame
+            if offset is not None and hold_ms > throttle_ms:
+                out = bytearray(frame)
+                wire.write_int32(out, 4 + offset, hold_ms)
+                self._context.metrics.throttled_responses.labels(wire.api_name(api)).inc()
+            if api == wire.FETCH:
+                self._record(FETCH, request.client_id, counted - offset + 4 if offset else counted)
+            return out, max(throttle_ms, hold_ms)
+        message = wire.decode_response(api, version, payload)
+        throttle_ms = message.throttle_time_ms
+        changed = self._context.routes.rewrite(api, version, message)
+        if api == wire.FETCH:
+            header_size = wire.response_header_size(api, version, payload)
+            counted = len(payload) - header_size + 4
+            if changed:  # the broker counted the response before it added its NodeEndpoints
+                endpoints = message.node_endpoints
+                message.node_endpoints = []
+                counted = len(wire.encode_response(api, version, 0, message)) - header_size
+                message.node_endpoints = endpoints
+            self._record(FETCH, request.client_id, counted)
+        if hold_ms > throttle_ms:
+            message.throttle_time_ms = hold_ms
+            changed = True
+            self._context.metrics.throttled_responses.labels(wire.api_name(api)).inc()
+        if not changed:
+            return frame, throttle_ms
+        return wire.encode_response(api, version, request.correlation_id, message), max(
+            throttle_ms, hold_ms
+        )
+
+    def _rewritten(self, request: _InFlight, frame: memoryview) -> memoryview | bytes:
+        api, version = request.api_key, request.api_version
+        message = wire.decode_response(api, version, frame[4:])
+        if api == wire.API_VERSIONS:
+            message.api_keys = advertised_versions(message.api_keys)
+        elif api == wire.SASL_AUTHENTICATE:
+            self.identity.authenticated(message.error_code)
+            return frame
+        elif api not in REWRITTEN or not self._context.routes.rewrite(api, version, message):
+            return frame
+        return wire.encode_response(api, version, request.correlation_id, message)
+
+    # --- muting, draining, closing -----------------------------------------------------------
+
+    def _mute(self, throttle_ms: int) -> None:
+        until = self._loop.time() + throttle_ms / 1000
+        if until > self._muted_until:
+            self._context.metrics.held_seconds.inc(
+                until - max(self._muted_until, self._loop.time())
+            )
+            self._muted_until = until
+        self._pause_client()
+        self._wake_at(self._muted_until)
+
+    def _wake_at(self, when: float) -> None:
+        if self._wakeup is not None and not self._wakeup.cancelled():
+            if self._wakeup.when() <= when:
+                return
+            self._wakeup.cancel()
+        self._wakeup = self._loop.call_at(when, self._woken)
+
+    def _woken(self) -> None:
+        self._wakeup = None
+        self._pump()
+
+    def _pause_client(self) -> None:
+        if self._reading and self._client is not None and not self._client.is_closing():
+            self._client.pause_reading()
+            self._reading = False
+
+    def _resume_client(self) -> None:
+        if not self._reading and self._client is not None and not self._client.is_closing():
+            self._client.resume_reading()
+            self._reading = True
+
+    def drain(self) -> None:
+        """Reads no more requests; closes once the requests forwarded have their responses."""
+        self._draining = True
+        self._pause_client()
+        if not self._in_flight:
+            self.close(None, "drained")
+
+    def _closing(self) -> bool:
+        return self.closed.done()
+
+    def close(self, reason: str | None, label: str) -> None:
+        if self._closing():
+            return
+        if reason is not None:
+            log.warning(
+                "closing a client connection of broker %s: %s", self._describe_broker(), reason
+            )
+        if self._wakeup is not None:
+            self._wakeup.cancel()
+        for transport in (self._client, self._broker):
+            if transport is not None:
+                transport.close()
+        self._context.closed(self, label)
+        self.closed.set_result(label)
+
+    def after_response(self) -> None:
+        if self._draining and not self._in_flight:
+            self.close(None, "drained")
+
+    def _describe_broker(self) -> str:
+        return "bootstrap" if self.node_id is None else str(self.node_id)
+
+
+class ClientSide(asyncio.Protocol):
+    def __init__(self, factory: Callable[[], Connection]) -> None:
+        self._factory = factory
+        self.connection: Connection | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.connection = self._factory()
+        self.connection.client_connected(transport)
+
+    def data_received(self, data: bytes) -> None:
+        assert self.connection is not None
+        self.connection.client_data(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.connection is not None:
+            self.connection.client_lost()
+
+
+class _BrokerSide(asyncio.Protocol):
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self.transport: Any = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self._connection.broker_connected(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._connection.broker_data(data)
+        self._connection.after_response()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connection.broker_lost()
+
+
+__all__ = ["Address", "ClientSide", "Connection", "FrameReader"]

@@ -1,0 +1,96 @@
+"""Decisions in: how long the engine holds each client, answered without a Redis round trip.
+
+The hot path (:meth:`Holds.remaining_ms`) reads a dictionary. A thread of its own keeps it
+current: every ``refresh_ms`` it asks the agents' :class:`~quotastream.cache.CachedQuotaClient`
+for each client seen in the last ``idle_ms`` (``for_client``: the client's counter under the
+live configuration the engine published, so a quota change is followed), and a client seen for
+the first time wakes it at once. So a decision reaches the proxy at most ``refresh_ms`` after
+the engine wrote it, plus one round trip; while Redis is unreachable the cached client answers
+by its failure policy (fail open: no hold; fail closed: ``fail_closed_delay_ms``), and each
+answer's source is counted.
+
+A hold is the client's remaining throttle: ``until`` of its decision, as an instant of this
+process's monotonic clock. Every connection of the client asks for it before forwarding a
+request, so a client spread over many brokers is held on all of them by a cluster-wide decision.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Final
+
+from quotastream.cache import CachedQuotaClient, Source
+
+log = logging.getLogger(__name__)
+
+#: (quota, user, client-id, broker): what a client's decision is looked up by.
+ClientKey = tuple[str, str, str, int]
+
+LOOKUP_SOURCES: Final = tuple(source.value for source in Source)
+
+
+class Holds:
+    def __init__(
+        self,
+        decisions: CachedQuotaClient,
+        refresh_ms: int,
+        idle_ms: int,
+        on_lookup: Callable[[str], None] = lambda source: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._decisions = decisions
+        self._refresh_s = refresh_ms / 1000
+        self._idle_s = idle_ms / 1000
+        self._on_lookup = on_lookup
+        self._clock = clock
+        self._until: dict[ClientKey, float] = {}
+        self._seen: dict[ClientKey, float] = {}
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="decision-refresh", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._wake.set()
+        self._thread.join(5)
+
+    def remaining_ms(self, key: ClientKey) -> int:
+        """How long the client is still held (0: not held); a dictionary read."""
+        now = self._clock()
+        if key not in self._seen:
+            self._wake.set()
+        self._seen[key] = now
+        until = self._until.get(key)
+        if until is None or until <= now:
+            return 0
+        return int((until - now) * 1000) + 1  # never release a millisecond early
+
+    def refresh(self) -> None:
+        """Looks up every client seen within ``idle_ms`` (one pass of the refresh thread)."""
+        now = self._clock()
+        for key, seen in list(self._seen.items()):
+            if now - seen > self._idle_s:
+                del self._seen[key]
+                self._until.pop(key, None)
+                continue
+            answer = self._decisions.for_client(*key)
+            self._on_lookup(answer.source.value)
+            if answer.throttle_ms > 0:
+                self._until[key] = self._clock() + answer.throttle_ms / 1000
+            else:
+                self._until.pop(key, None)
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self._wake.clear()
+            try:
+                self.refresh()
+            except Exception:  # a refused command, a bug: log it, keep the last answers
+                log.exception("refreshing the decisions failed; holds stay as they were")
+            self._wake.wait(self._refresh_s)

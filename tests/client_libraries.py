@@ -1,0 +1,241 @@
+"""Real Kafka client libraries no one here wrote, driven the same way: kafka-python, aiokafka and
+confluent-kafka (librdkafka). Used by the proxy's tests and ``bench/proxy.py``.
+
+Each library produces a list of values (each its own key, so that they spread over the
+partitions deterministically; waiting for every acknowledgement) and consumes a
+number of values in a consumer group, through whatever bootstrap address it is given, with
+SASL/SCRAM-SHA-512 and TLS when :class:`Access` says so. They differ in what matters to a
+proxy: kafka-python holds back on ``throttle_time_ms`` and keeps up to five requests in flight
+per connection; aiokafka and librdkafka ignore ``throttle_time_ms`` and keep sending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+import aiokafka
+import confluent_kafka
+import kafka
+from aiokafka.helpers import create_ssl_context
+
+#: How long a consumer may take to read what it was asked for before the test fails.
+CONSUME_TIMEOUT_S: Final = 60.0
+
+
+@dataclass(frozen=True)
+class Access:
+    """How a client reaches Kafka: bootstrap servers, and optionally SCRAM and TLS."""
+
+    bootstrap_servers: str
+    #: (user, password) for SASL/SCRAM-SHA-512.
+    scram: tuple[str, str] | None = None
+    #: The CA of the server's certificate: TLS.
+    ca_file: str | None = None
+
+    def kafka_python(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"bootstrap_servers": self.bootstrap_servers}
+        options["security_protocol"] = _protocol(self)
+        if self.scram is not None:
+            options.update(
+                sasl_mechanism="SCRAM-SHA-512",
+                sasl_plain_username=self.scram[0],
+                sasl_plain_password=self.scram[1],
+            )
+        if self.ca_file is not None:
+            options.update(ssl_cafile=self.ca_file, ssl_check_hostname=False)
+        return options
+
+    def aiokafka(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"bootstrap_servers": self.bootstrap_servers}
+        options["security_protocol"] = _protocol(self)
+        if self.scram is not None:
+            options.update(
+                sasl_mechanism="SCRAM-SHA-512",
+                sasl_plain_username=self.scram[0],
+                sasl_plain_password=self.scram[1],
+            )
+        if self.ca_file is not None:
+            context = create_ssl_context(cafile=self.ca_file)
+            context.check_hostname = False
+            options["ssl_context"] = context
+        return options
+
+    def librdkafka(self) -> dict[str, Any]:
+        options: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "security.protocol": _protocol(self).lower(),
+        }
+        if self.scram is not None:
+            options.update(
+                {
+                    "sasl.mechanism": "SCRAM-SHA-512",
+                    "sasl.username": self.scram[0],
+                    "sasl.password": self.scram[1],
+                }
+            )
+        if self.ca_file is not None:
+            options.update(
+                {"ssl.ca.location": self.ca_file, "ssl.endpoint.identification.algorithm": "none"}
+            )
+        return options
+
+
+def _protocol(access: Access) -> str:
+    transport = "SSL" if access.ca_file is not None else "PLAINTEXT"
+    return f"SASL_{transport}" if access.scram is not None else transport
+
+
+class ClientLibrary(Protocol):
+    name: str
+
+    def produce(self, access: Access, topic: str, values: list[bytes], client_id: str) -> None: ...
+
+    def consume(
+        self, access: Access, topic: str, group: str, client_id: str, count: int
+    ) -> list[bytes]: ...
+
+
+class KafkaPython:
+    name = "kafka-python"
+
+    def produce(self, access: Access, topic: str, values: list[bytes], client_id: str) -> None:
+        producer = kafka.KafkaProducer(client_id=client_id, acks="all", **access.kafka_python())
+        try:
+            for future in [producer.send(topic, value, key=value) for value in values]:
+                future.get(timeout=CONSUME_TIMEOUT_S)
+        finally:
+            producer.close()
+
+    def consume(
+        self, access: Access, topic: str, group: str, client_id: str, count: int
+    ) -> list[bytes]:
+        consumer = kafka.KafkaConsumer(
+            topic,
+            group_id=group,
+            client_id=client_id,
+            auto_offset_reset="earliest",
+            **access.kafka_python(),
+        )
+        values: list[bytes] = []
+        deadline = time.monotonic() + CONSUME_TIMEOUT_S
+        try:
+            while len(values) < count and time.monotonic() < deadline:
+                for records in consumer.poll(timeout_ms=500).values():
+                    values.extend(record.value for record in records)
+            consumer.commit()
+        finally:
+            consumer.close()
+        return values
+
+
+class AioKafka:
+    name = "aiokafka"
+
+    def produce(self, access: Access, topic: str, values: list[bytes], client_id: str) -> None:
+        async def run() -> None:
+            producer = aiokafka.AIOKafkaProducer(
+                client_id=client_id, acks="all", **access.aiokafka()
+            )
+            await producer.start()
+            try:
+                sent = [await producer.send(topic, value, key=value) for value in values]
+                await asyncio.gather(*sent)
+            finally:
+                await producer.stop()
+
+        asyncio.run(run())
+
+    def consume(
+        self, access: Access, topic: str, group: str, client_id: str, count: int
+    ) -> list[bytes]:
+        async def run() -> list[bytes]:
+            consumer = aiokafka.AIOKafkaConsumer(
+                topic,
+                group_id=group,
+                client_id=client_id,
+                auto_offset_reset="earliest",
+                **access.aiokafka(),
+            )
+            await consumer.start()
+            values: list[bytes] = []
+            deadline = time.monotonic() + CONSUME_TIMEOUT_S
+            try:
+                while len(values) < count and time.monotonic() < deadline:
+                    batches = await consumer.getmany(timeout_ms=500)
+                    for records in batches.values():
+                        values.extend(record.value for record in records if record.value)
+                await consumer.commit()
+            finally:
+                await consumer.stop()
+            return values
+
+        return asyncio.run(run())
+
+
+class ConfluentKafka:
+    name = "confluent-kafka"
+
+    def produce(self, access: Access, topic: str, values: list[bytes], client_id: str) -> None:
+        producer = confluent_kafka.Producer(
+            {**access.librdkafka(), "client.id": client_id, "acks": "all"}
+        )
+        failures: list[str] = []
+
+        def delivered(error: Any, _message: Any) -> None:
+            if error is not None:
+                failures.append(str(error))
+
+        for value in values:
+            _produce_waiting_for_room(producer, topic, value, delivered)
+        remaining = producer.flush(CONSUME_TIMEOUT_S)
+        assert not failures, failures[:3]
+        assert remaining == 0, f"{remaining} records undelivered"
+
+    def consume(
+        self, access: Access, topic: str, group: str, client_id: str, count: int
+    ) -> list[bytes]:
+        consumer = confluent_kafka.Consumer(
+            {
+                **access.librdkafka(),
+                "group.id": group,
+                "client.id": client_id,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
+        consumer.subscribe([topic])
+        values: list[bytes] = []
+        deadline = time.monotonic() + CONSUME_TIMEOUT_S
+        try:
+            while len(values) < count and time.monotonic() < deadline:
+                message = consumer.poll(0.5)
+                if message is None:
+                    continue
+                assert message.error() is None, message.error()
+                value = message.value()
+                assert value is not None
+                values.append(value)
+            consumer.commit(asynchronous=False)
+        finally:
+            consumer.close()
+        return values
+
+
+def _produce_waiting_for_room(
+    producer: Any, topic: str, value: bytes, delivered: Callable[[Any, Any], None]
+) -> None:
+    while True:
+        try:
+            producer.produce(topic, value, key=value, on_delivery=delivered)
+            return
+        except BufferError:  # librdkafka's queue is full: serve callbacks until there is room
+            producer.poll(0.1)
+
+
+LIBRARIES: Final[dict[str, ClientLibrary]] = {
+    library.name: library for library in (KafkaPython(), AioKafka(), ConfluentKafka())
+}

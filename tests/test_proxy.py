@@ -1,0 +1,329 @@
+"""``quotastream proxy`` end to end: real client libraries through it to Apache Kafka.
+
+* Three client libraries (kafka-python, aiokafka, confluent-kafka) produce to a topic led by the
+  three brokers of a cluster and consume it in a group, through the proxy: every record arrives,
+  the group's coordinator is reached through the proxy (FindCoordinator rewritten), and the
+  usage the proxy published covers what they sent and read. A Metadata or FindCoordinator
+  rewrite that failed would be silent (the clients would go straight to the brokers), so each
+  test checks that the bytes and the group's requests went through the proxy.
+* SCRAM logins over a TLS broker: each user's bytes are published under that user, equal to what
+  the broker counts (the frames of a client that builds its own requests,
+  ``tests/kafka_quotas.py``); a failed login publishes nothing under its user. The three
+  libraries log in over TLS that the proxy terminates.
+* Decisions in: a client the engine throttles is held on every connection, including by
+  libraries that ignore ``throttle_time_ms``, and its responses say so.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import redis
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.admin import NewTopic
+from kafka.errors import KafkaError
+
+from quotastream.client import QuotaClient as DecisionClient
+from quotastream.proxy.usage import INSTANCE_HEADER
+from quotastream.redis_contract import Decision, decision_key
+from state.config import QuotaConfig, load_quota_config
+from streaming.commands.proxy import RunningProxy
+from streaming.engine.settings import EngineSettings
+from streaming.kafka_broker import KafkaCluster, KafkaNode, ScramUser, Security, start_kafka
+from streaming.services import LocalService, TlsFiles, free_ports
+from tests.certificates import make_certificates
+from tests.client_libraries import LIBRARIES, Access
+from tests.kafka_quotas import Exchange, QuotaClient
+from tests.servers import wait_until_in_sync
+
+QUOTAS = Path(__file__).resolve().parents[1] / "conf" / "quotas.yaml"
+INSTANCE = "proxy-under-test"
+
+
+def proxy_settings(
+    upstream: str,
+    events_kafka: str,
+    redis_server: LocalService,
+    events: str,
+    *,
+    upstream_client: dict[str, str] | None = None,
+    **proxy: Any,
+) -> EngineSettings:
+    """Settings of a proxy in front of ``upstream`` publishing to ``events`` on ``events_kafka``;
+    its ports are free ones (node id N on ``first + 1 + N``)."""
+    first = free_ports(5)
+    return EngineSettings.model_validate(
+        {
+            "quotas": str(QUOTAS),
+            "kafka": {"bootstrap_servers": events_kafka, "topics": [events]},
+            "redis": {"host": redis_server.host, "port": redis_server.port, "key_prefix": events},
+            "proxy": {
+                "bootstrap_port": first,
+                "node_port_base": first + 1,
+                "upstream": {"bootstrap_servers": upstream, "client": upstream_client or {}},
+                "flush_interval_ms": 100,
+                "instance": INSTANCE,
+                "metrics": {"enabled": False},
+                **proxy,
+            },
+        }
+    )
+
+
+def create_topic(address: str, topic: str, partitions: int = 3, **client: Any) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=address, **client)
+    try:
+        admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        admin.close()
+    wait_until_in_sync(address, [topic], **client)
+
+
+def published_usage(address: str, topic: str) -> list[dict[str, Any]]:
+    """Every usage event in ``topic`` (read to its end), each message's instance header checked."""
+    consumer = KafkaConsumer(bootstrap_servers=address, enable_auto_commit=False)
+    try:
+        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning()
+        ends = consumer.end_offsets(partitions)
+        events: list[dict[str, Any]] = []
+        while any(consumer.position(p) < ends[p] for p in partitions):
+            for records in consumer.poll(timeout_ms=1000).values():
+                for record in records:
+                    assert dict(record.headers)[INSTANCE_HEADER] == INSTANCE.encode()
+                    events.extend(msgspec.json.decode(record.value))
+        return events
+    finally:
+        consumer.close()
+
+
+def usage_by(events: list[dict[str, Any]], kind: str) -> dict[tuple[str, str], int]:
+    """Bytes per (user, client-id) of one kind."""
+    totals: dict[tuple[str, str], int] = defaultdict(int)
+    for event in events:
+        if event["kind"] == kind:
+            totals[event["user"], event["client_id"]] += event["bytes"]
+    return dict(totals)
+
+
+def requests_of(proxy: RunningProxy, api: str) -> float:
+    value = proxy.registry.get_sample_value("quotastream_proxy_requests_total", {"api": api})
+    return value or 0.0
+
+
+def leaders(address: str, topic: str) -> set[int]:
+    admin = KafkaAdminClient(bootstrap_servers=address)
+    try:
+        [described] = admin.describe_topics([topic])
+    finally:
+        admin.close()
+    return {partition["leader_id"] for partition in described["partitions"]}
+
+
+@pytest.mark.parametrize("library", sorted(LIBRARIES))
+def test_a_client_library_produces_and_consumes_in_a_group_through_the_proxy(
+    library: str, kafka_cluster: KafkaCluster, kafka: KafkaNode, redis_server: LocalService
+) -> None:
+    client = LIBRARIES[library]
+    topic, events = f"proxied-{library}", f"usage-{library}"
+    create_topic(kafka_cluster.address, topic)
+    assert leaders(kafka_cluster.address, topic) == {1, 2, 3}
+    values = [f"{library}-{i:05d}-".encode() + b"v" * 1000 for i in range(600)]
+    settings = proxy_settings(kafka_cluster.address, kafka.address, redis_server, events)
+    with RunningProxy(settings) as proxy:
+        access = Access(proxy.bootstrap_servers)
+        client.produce(access, topic, values, client_id=f"{library}-producer")
+        consumed = client.consume(
+            access, topic, f"{library}-group", f"{library}-consumer", len(values)
+        )
+        group_requests = {
+            api: requests_of(proxy, api)
+            for api in ("find_coordinator", "join_group", "consumer_group_heartbeat")
+        }
+        committed = requests_of(proxy, "offset_commit")
+        request_bytes = proxy.registry.get_sample_value(
+            "quotastream_proxy_bytes_total", {"api": "produce", "direction": "request"}
+        )
+        assert request_bytes is not None
+        produce_requests = requests_of(proxy, "produce")
+    # Stopped: every sum it counted is published.
+    assert Counter(consumed) == Counter(values)
+    assert group_requests["find_coordinator"] >= 1
+    assert group_requests["join_group"] + group_requests["consumer_group_heartbeat"] >= 1
+    assert committed >= 1
+    usage = published_usage(kafka.address, events)
+    producer = ("ANONYMOUS", f"{library}-producer")
+    sent = sum(len(value) for value in values)
+    produced = usage_by(usage, "produce")
+    assert set(produced) == {producer}
+    # A produce event counts the request's frame without its 4-byte length prefix.
+    assert produced[producer] == request_bytes - 4 * produce_requests
+    assert produced[producer] > sent
+    assert {e["broker"] for e in usage if e["kind"] == "produce"} == {1, 2, 3}
+    assert sum(e["count"] for e in usage if e["kind"] == "produce") == produce_requests
+    fetched = usage_by(usage, "fetch")
+    assert fetched[("ANONYMOUS", f"{library}-consumer")] > sent
+
+
+# --- SASL/SCRAM and TLS -----------------------------------------------------------------------
+
+PROXY_USER, PROXY_PASSWORD = "proxy", "proxy-secret"
+USERS = {"alice": "alice-secret", "bob": "bob-secret"}
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
+    return make_certificates(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="module")
+def scram_broker(tls: TlsFiles) -> Iterator[KafkaNode]:
+    """One node whose only client listener is SASL_SSL with SCRAM-SHA-512 users."""
+    users = (ScramUser(PROXY_USER, PROXY_PASSWORD), *(ScramUser(n, p) for n, p in USERS.items()))
+    with start_kafka(security=Security(tls=tls, scram_users=users)) as broker:
+        yield broker
+
+
+def scram_client(tls: TlsFiles) -> dict[str, str]:
+    """The proxy's own login to the broker (it reads the cluster's brokers with it)."""
+    return {
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": PROXY_USER,
+        "sasl_plain_password": PROXY_PASSWORD,
+        "ssl_cafile": str(tls.ca),
+    }
+
+
+def test_scram_logins_publish_each_users_bytes_exactly_as_the_broker_counts_them(
+    scram_broker: KafkaNode, tls: TlsFiles, kafka: KafkaNode, redis_server: LocalService
+) -> None:
+    """Clients log in through a plaintext proxy port; the proxy talks TLS to the broker."""
+    topic, events = "scram-counted", "usage-scram-counted"
+    create_topic(scram_broker.address, topic, partitions=1, **scram_client(tls))
+    settings = proxy_settings(
+        scram_broker.address, kafka.address, redis_server, events, upstream_client=scram_client(tls)
+    )
+    exchanges: list[Exchange] = []
+    with RunningProxy(settings) as proxy:
+        for user, password in USERS.items():
+            client = QuotaClient(proxy.bootstrap_servers, user, password, f"{user}-raw")
+            try:
+                exchanges.extend(client.produce(topic, size) for size in (100, 5_000, 70_000))
+                # Up to the log's end: the last fetch is answered empty, and counted too.
+                offset = 0
+                while (fetched := client.fetch(topic, offset)).served:
+                    exchanges.append(fetched)
+                    offset += 1
+                exchanges.append(fetched)
+            finally:
+                client.close()
+        # kafka-python reports the broker's refusal as a bootstrap that never completes.
+        with pytest.raises(KafkaError):
+            QuotaClient(proxy.bootstrap_servers, "alice", "wrong-password", "impostor")
+    usage = published_usage(kafka.address, events)
+    for kind in ("produce", "fetch"):
+        expected: dict[tuple[str, str], int] = defaultdict(int)
+        for exchange in exchanges:
+            if exchange.kind == kind:
+                expected[exchange.user, exchange.client_id] += exchange.counted_bytes
+        assert usage_by(usage, kind) == expected, kind
+    assert "impostor" not in {event["client_id"] for event in usage}
+
+
+@pytest.mark.parametrize("library", sorted(LIBRARIES))
+def test_a_client_library_logs_in_with_scram_over_tls_the_proxy_terminates(
+    library: str,
+    scram_broker: KafkaNode,
+    tls: TlsFiles,
+    kafka: KafkaNode,
+    redis_server: LocalService,
+) -> None:
+    topic, events = f"scram-tls-{library}", f"usage-scram-tls-{library}"
+    create_topic(scram_broker.address, topic, partitions=1, **scram_client(tls))
+    settings = proxy_settings(
+        scram_broker.address,
+        kafka.address,
+        redis_server,
+        events,
+        upstream_client=scram_client(tls),
+        tls={"cert_file": str(tls.cert), "key_file": str(tls.key)},
+    )
+    values = [f"{library}-{i}".encode() * 50 for i in range(50)]
+    with RunningProxy(settings) as proxy:
+        access = Access(proxy.bootstrap_servers, scram=("bob", USERS["bob"]), ca_file=str(tls.ca))
+        LIBRARIES[library].produce(access, topic, values, client_id=f"{library}-tls")
+        consumed = LIBRARIES[library].consume(
+            access, topic, f"{library}-tls-group", f"{library}-tls", len(values)
+        )
+    assert Counter(consumed) == Counter(values)
+    usage = published_usage(kafka.address, events)
+    assert set(usage_by(usage, "produce")) == {("bob", f"{library}-tls")}
+    assert ("bob", f"{library}-tls") in usage_by(usage, "fetch")
+
+
+# --- Decisions in -----------------------------------------------------------------------------
+
+
+def hold(
+    redis_server: LocalService, prefix: str, config: QuotaConfig, client_id: str, ms: int
+) -> None:
+    """Writes the engine's decision throttling (produce, ANONYMOUS, client_id) for ``ms``."""
+    entity = DecisionClient.connect(
+        redis_server.host, redis_server.port, prefix, config
+    ).entity_of_client("produce", "ANONYMOUS", client_id, 1)
+    now = int(time.time() * 1000)
+    decision = Decision(
+        quota="produce",
+        entity=entity,
+        throttle_ms=ms,
+        until=now + ms,
+        rate=3e6,
+        limit=1e6,
+        exceeded=True,
+        window_ms=1000,
+        decided_at=now,
+    )
+    redis.Redis(redis_server.host, redis_server.port).set(
+        decision_key(prefix, "produce", entity), msgspec.json.encode(decision)
+    )
+
+
+def await_hold(proxy: RunningProxy, key: tuple[str, str, str, int]) -> None:
+    """Until the proxy holds ``key``: a refresh pass (what its thread runs every refresh_ms)
+    reads a decision from Redis; one made meanwhile by the thread may have read before it."""
+    holds = proxy.proxy.context.holds
+    deadline = time.monotonic() + 5
+    while holds.remaining_ms(key) == 0:
+        assert time.monotonic() < deadline, f"the proxy never read the decision of {key}"
+        holds.refresh()
+
+
+@pytest.mark.parametrize("library", sorted(LIBRARIES))
+def test_a_client_the_engine_throttles_is_held_even_when_it_ignores_throttle_time(
+    library: str, kafka: KafkaNode, redis_server: LocalService
+) -> None:
+    topic = events = f"held-{library}"
+    create_topic(kafka.address, topic, partitions=1)
+    settings = proxy_settings(kafka.address, kafka.address, redis_server, f"usage-{events}")
+    config = load_quota_config(QUOTAS)
+    client_id = f"{library}-held"
+    with RunningProxy(settings) as proxy:
+        access = Access(proxy.bootstrap_servers)
+        LIBRARIES[library].produce(access, topic, [b"first"], client_id=client_id)
+        hold(redis_server, settings.redis.key_prefix, config, client_id, 2_000)
+        await_hold(proxy, ("produce", "ANONYMOUS", client_id, 1))
+        started = time.monotonic()
+        LIBRARIES[library].produce(access, topic, [b"x" * 100] * 20, client_id=client_id)
+        elapsed = time.monotonic() - started
+        held = proxy.registry.get_sample_value("quotastream_proxy_held_seconds_total")
+    assert elapsed >= 1.5, f"{library} produced in {elapsed:.2f} s despite a 2 s hold"
+    assert held is not None
+    assert held >= 1.5
