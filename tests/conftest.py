@@ -100,6 +100,7 @@ STARTED_BY_FIXTURE: Final[Mapping[str, str]] = {
     "tests.test_kafka_outage.broker": SERVERS,
     "tests.test_kafka_oracle.broker": SERVERS,
     "tests.test_outages.secured_redis": SERVERS,
+    "tests.test_proxy.scram_broker": SERVERS,
     "tests.test_redis_contract.server": SERVERS,
     "tests.test_security.servers": SERVERS,
 }
@@ -134,6 +135,12 @@ STARTS_SERVERS_ITSELF: Final[Mapping[str, tuple[str, ...]]] = {
     "test_run_command.py": (
         "test_embedded_default_decides_throttles_quietly_and_cleans_up",
         "test_live_view_in_a_terminal_and_ctrl_c_stops_cleanly",
+    ),
+    "test_proxy_faults.py": (
+        "test_clients_reconnect_through_the_proxy_after_a_broker_restart",
+        "test_with_redis_down_the_failure_policy_decides",
+        "test_traffic_flows_while_the_events_topic_is_unreachable_and_drops_are_counted",
+        "test_clients_reconnect_after_the_proxy_restarts",
     ),
     "test_services.py": (
         "test_redis_starts_serves_and_stops",

@@ -10,7 +10,9 @@ by its failure policy (fail open: no hold; fail closed: ``fail_closed_delay_ms``
 answer's source is counted.
 
 A hold is the client's remaining throttle: ``until`` of its decision, as an instant of this
-process's monotonic clock. Every connection of the client asks for it before forwarding a
+process's monotonic clock. A fail-closed answer has no ``until`` of its own: it holds the client
+``fail_closed_delay_ms`` from the pass that gave it, and the next one starts when that ended, so
+that a client still gets a request through per delay, as "delay everyone" means. Every connection of the client asks for it before forwarding a
 request, so a client spread over many brokers is held on all of them by a cluster-wide decision.
 """
 
@@ -81,6 +83,8 @@ class Holds:
                 continue
             answer = self._decisions.for_client(*key)
             self._on_lookup(answer.source.value)
+            if answer.source is Source.FAIL_CLOSED and self._until.get(key, 0.0) > now:
+                continue  # a policy hold runs its course: re-read, it would never end
             if answer.throttle_ms > 0:
                 self._until[key] = self._clock() + answer.throttle_ms / 1000
             else:

@@ -1,0 +1,300 @@
+"""The proxy under faults and bad input: each costs what it must and nothing more.
+
+* A malformed or oversized frame closes that client's connection, with a log line; the proxy's
+  other clients go on.
+* A client that disconnects mid-request: nothing of its request reaches the broker, and its
+  broker connection is closed with it.
+* A broker restart: the proxy closes the clients' connections to it, and they reconnect through
+  the proxy once it is back.
+* Redis down: the failure policy answers (fail closed holds every client that long; fail open
+  holds none), and the lookups say so.
+* The events topic unreachable: client traffic flows on, and the usage that cannot be published
+  is counted as dropped.
+* A proxy restart (``quotastream proxy`` stopped by SIGTERM, which drains it, and started again
+  on its ports): its clients reconnect and go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.protocol.producer import ProduceRequest
+
+from streaming.commands.proxy import RunningProxy
+from streaming.engine.settings import EngineSettings
+from streaming.kafka_broker import KafkaNode, start_kafka
+from streaming.services import LocalService, start_redis
+from tests.client_libraries import LIBRARIES, Access
+from tests.kafka_quotas import record_batch
+from tests.test_proxy import create_topic, proxy_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def produce_one(proxy: RunningProxy, topic: str, client_id: str) -> None:
+    LIBRARIES["kafka-python"].produce(Access(proxy.bootstrap_servers), topic, [b"ok"], client_id)
+
+
+def end_offset(address: str, topic: str) -> int:
+    consumer = KafkaConsumer(bootstrap_servers=address)
+    try:
+        partition = TopicPartition(topic, 0)
+        return int(consumer.end_offsets([partition])[partition])
+    finally:
+        consumer.close()
+
+
+def await_metric(proxy: RunningProxy, name: str, labels: dict[str, str]) -> float:
+    """Until the proxy's ``name`` counter is positive (a refresh pass, as its thread runs every
+    refresh_ms, each time it is not): its value."""
+    deadline = time.monotonic() + 10
+    while not (value := proxy.registry.get_sample_value(name, labels) or 0.0):
+        assert time.monotonic() < deadline, f"{name}{labels} stayed 0"
+        proxy.proxy.context.holds.refresh()
+    return value
+
+
+def closed_by_peer(connection: socket.socket, timeout_s: float = 10.0) -> bool:
+    """Whether the other end closes ``connection`` (reads until the end of the stream)."""
+    connection.settimeout(timeout_s)
+    try:
+        while connection.recv(65536):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+    return True
+
+
+def proxy_address(proxy: RunningProxy) -> tuple[str, int]:
+    """The proxy's port for broker 1 (clients reach a broker there after Metadata)."""
+    return proxy.settings.proxy.client_host, proxy.proxy.node_ports()[1]
+
+
+def produce_frame(topic: str, correlation_id: int = 1) -> bytes:
+    request = ProduceRequest[9](
+        transactional_id=None,
+        acks=1,
+        timeout_ms=10_000,
+        topic_data=[
+            ProduceRequest.TopicProduceData(
+                name=topic,
+                partition_data=[
+                    ProduceRequest.TopicProduceData.PartitionProduceData(
+                        index=0, records=record_batch(2_000)
+                    )
+                ],
+            )
+        ],
+    )
+    request.with_header(correlation_id=correlation_id, client_id="raw")
+    frame: bytes = request.encode(header=True, framed=True)
+    return frame
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        struct.pack(">i", 200 * 1024 * 1024),  # over max_frame_bytes
+        struct.pack(">i", -5),  # a negative length
+        struct.pack(">i", 3) + b"abc",  # too short for a request header
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # a TLS ClientHello on a plaintext port
+    ],
+    ids=["oversized", "negative", "no-header", "tls-on-plaintext"],
+)
+def test_a_malformed_frame_closes_its_connection_only(
+    frame: bytes,
+    kafka: KafkaNode,
+    redis_server: LocalService,
+    caplog: pytest.LogCaptureFixture,
+    request: pytest.FixtureRequest,
+) -> None:
+    topic = f"malformed-{request.node.callspec.id}"
+    create_topic(kafka.address, topic, partitions=1)
+    settings = proxy_settings(kafka.address, kafka.address, redis_server, f"usage-{topic}")
+    with RunningProxy(settings) as proxy:
+        produce_one(proxy, topic, "neighbour")
+        with (
+            caplog.at_level(logging.WARNING, "quotastream.proxy"),
+            socket.create_connection(proxy_address(proxy)) as bad,
+        ):
+            bad.sendall(frame)
+            assert closed_by_peer(bad)
+        produce_one(proxy, topic, "neighbour")
+    assert any("closing a client connection" in r.getMessage() for r in caplog.records)
+
+
+def test_a_client_that_leaves_mid_request_leaves_nothing_behind(
+    kafka: KafkaNode, redis_server: LocalService, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = "left-mid-request"
+    create_topic(kafka.address, topic, partitions=1)
+    settings = proxy_settings(kafka.address, kafka.address, redis_server, "usage-left")
+    frame = produce_frame(topic)
+    with RunningProxy(settings) as proxy:
+        with (
+            caplog.at_level(logging.INFO, "quotastream.proxy"),
+            socket.create_connection(proxy_address(proxy)) as leaving,
+        ):
+            leaving.sendall(frame[: len(frame) // 2])
+            await_metric(proxy, "quotastream_proxy_connections_accepted_total", {})
+        produce_one(proxy, topic, "after")  # a whole request goes through meanwhile
+        open_connections = proxy.registry.get_sample_value("quotastream_proxy_connections")
+    # Only the whole request reached the broker: the half one was never forwarded.
+    assert end_offset(kafka.address, topic) == 1
+    assert any("left mid-request" in r.getMessage() for r in caplog.records)
+    assert open_connections == 0  # kafka-python's producer closed too; nothing leaked
+
+
+def test_clients_reconnect_through_the_proxy_after_a_broker_restart(
+    redis_server: LocalService,
+) -> None:
+    with start_kafka() as broker:
+        topic = "broker-restart"
+        create_topic(broker.address, topic, partitions=1)
+        settings = proxy_settings(broker.address, broker.address, redis_server, "usage-restart")
+        with RunningProxy(settings) as proxy:
+            producer = KafkaProducer(
+                bootstrap_servers=proxy.bootstrap_servers, client_id="survivor", acks="all"
+            )
+            restarted = broker
+            try:
+                producer.send(topic, b"before").get(timeout=30)
+                restarted = broker.restart()
+                producer.send(topic, b"after").get(timeout=60)
+            finally:
+                producer.close()
+                restarted.stop()
+            closed = proxy.registry.get_sample_value(
+                "quotastream_proxy_connections_closed_total", {"reason": "broker_closed"}
+            )
+    assert closed is not None
+    assert closed >= 1
+    # Both records went through: the broker's log holds them (read after its restart).
+
+
+@pytest.mark.parametrize(("policy", "held"), [("closed", True), ("open", False)])
+def test_with_redis_down_the_failure_policy_decides(
+    policy: str, held: bool, kafka: KafkaNode
+) -> None:
+    topic = f"redis-down-{policy}"
+    create_topic(kafka.address, topic, partitions=1)
+    with start_redis() as redis_server:
+        settings = proxy_settings(
+            kafka.address,
+            kafka.address,
+            redis_server,
+            f"usage-{topic}",
+            # The last answer read is trusted this long; the policy decides after that.
+            decisions={
+                "failure_policy": policy,
+                "fail_closed_delay_ms": 1_500,
+                "fail_open_staleness_ms": 200,
+            },
+        )
+        with RunningProxy(settings) as proxy:
+            produce_one(proxy, topic, "client")
+            redis_server.stop()
+            await_metric(
+                proxy, "quotastream_proxy_decision_lookups_total", {"source": f"fail_{policy}"}
+            )
+            started = time.monotonic()
+            produce_one(proxy, topic, "client")
+            elapsed = time.monotonic() - started
+    assert (elapsed >= 1.2) is held, f"produce took {elapsed:.2f} s under fail {policy}"
+
+
+def test_traffic_flows_while_the_events_topic_is_unreachable_and_drops_are_counted(
+    kafka: KafkaNode, redis_server: LocalService
+) -> None:
+    topic = "events-unreachable"
+    create_topic(kafka.address, topic, partitions=1)
+    with start_kafka() as events_broker:
+        settings = proxy_settings(
+            kafka.address,
+            events_broker.address,
+            redis_server,
+            "usage-unreachable",
+            max_queued_flushes=2,
+            drain_timeout_s=3,
+        )
+        events_broker.stop()
+        with RunningProxy(settings) as proxy:
+            values = [b"v" * 500] * 200
+            deadline = time.monotonic() + 30
+            dropped = 0.0
+            while dropped == 0 and time.monotonic() < deadline:
+                LIBRARIES["kafka-python"].produce(
+                    Access(proxy.bootstrap_servers), topic, values, "unpublished"
+                )
+                dropped = sum(
+                    proxy.registry.get_sample_value(
+                        "quotastream_proxy_events_dropped_total", {"reason": reason}
+                    )
+                    or 0.0
+                    for reason in ("queue_full", "publish_failed")
+                )
+    assert dropped > 0
+    assert end_offset(kafka.address, topic) >= len(values)
+
+
+@pytest.fixture
+def proxy_process_settings(
+    kafka: KafkaNode, redis_server: LocalService, tmp_path: Path
+) -> tuple[Path, EngineSettings]:
+    settings = proxy_settings(kafka.address, kafka.address, redis_server, "usage-proxy-restart")
+    path = tmp_path / "engine.yaml"
+    path.write_text(yaml.safe_dump(settings.model_dump(mode="json")))
+    return path, settings
+
+
+def start_proxy_process(path: Path) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streaming.commands.cli", "proxy", "--engine-config", str(path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.startswith("proxy ready"):
+            return process
+    raise AssertionError(f"the proxy exited with {process.wait()} before it was ready")
+
+
+def test_clients_reconnect_after_the_proxy_restarts(
+    proxy_process_settings: tuple[Path, EngineSettings], kafka: KafkaNode
+) -> None:
+    path, settings = proxy_process_settings
+    topic = "proxy-restart"
+    create_topic(kafka.address, topic, partitions=1)
+    bootstrap = f"{settings.proxy.client_host}:{settings.proxy.bootstrap_port}"
+    process = start_proxy_process(path)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, client_id="patient", acks="all")
+    try:
+        producer.send(topic, b"before").get(timeout=30)
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+        assert process.returncode == 0, output
+        assert "draining" in output
+        process = start_proxy_process(path)
+        producer.send(topic, b"after").get(timeout=60)
+    finally:
+        producer.close()
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
+    assert end_offset(kafka.address, topic) == 2
