@@ -89,10 +89,38 @@ def _protocol(access: Access) -> str:
     return f"SASL_{transport}" if access.scram is not None else transport
 
 
+@dataclass(frozen=True)
+class Offer:
+    """A producer offering ``bytes_per_s`` of records of ``record_bytes`` for ``duration_s``."""
+
+    bytes_per_s: float
+    duration_s: float
+    record_bytes: int = 10_000
+
+    def due(self, started: float, sent: int) -> float:
+        """When record number ``sent`` is due (monotonic seconds)."""
+        return started + sent * self.record_bytes / self.bytes_per_s
+
+    @property
+    def backlog(self) -> int:
+        """Records sent and not yet acknowledged that the producer keeps at most: a second of
+        its rate (a producer's bounded buffer; the offer stops with at most that much left)."""
+        return max(int(self.bytes_per_s / self.record_bytes), 1)
+
+
+#: (monotonic time acknowledged, record bytes) per acknowledged record.
+Acks = list[tuple[float, int]]
+
+
 class ClientLibrary(Protocol):
     name: str
 
     def produce(self, access: Access, topic: str, values: list[bytes], client_id: str) -> None: ...
+
+    def offer(self, access: Access, topic: str, client_id: str, offer: Offer) -> Acks:
+        """Records sent at the offered rate (never faster; slower when the library blocks),
+        each acknowledgement timed."""
+        ...
 
     def consume(
         self, access: Access, topic: str, group: str, client_id: str, count: int
@@ -109,6 +137,25 @@ class KafkaPython:
                 future.get(timeout=CONSUME_TIMEOUT_S)
         finally:
             producer.close()
+
+    def offer(self, access: Access, topic: str, client_id: str, offer: Offer) -> Acks:
+        producer = kafka.KafkaProducer(client_id=client_id, acks=1, **access.kafka_python())
+        acks: Acks = []
+        value = b"o" * offer.record_bytes
+        started = time.monotonic()
+        sent = 0
+        try:
+            while (due := offer.due(started, sent)) < started + offer.duration_s:
+                _pace(due)
+                while sent - len(acks) >= offer.backlog:
+                    _pace(time.monotonic() + 0.005)
+                future = producer.send(topic, value, key=str(sent).encode())
+                future.add_callback(lambda _m: acks.append((time.monotonic(), offer.record_bytes)))
+                sent += 1
+            producer.flush(timeout=CONSUME_TIMEOUT_S)
+        finally:
+            producer.close()
+        return acks
 
     def consume(
         self, access: Access, topic: str, group: str, client_id: str, count: int
@@ -148,6 +195,33 @@ class AioKafka:
                 await producer.stop()
 
         asyncio.run(run())
+
+    def offer(self, access: Access, topic: str, client_id: str, offer: Offer) -> Acks:
+        async def run() -> Acks:
+            producer = aiokafka.AIOKafkaProducer(client_id=client_id, acks=1, **access.aiokafka())
+            await producer.start()
+            acks: Acks = []
+            value = b"o" * offer.record_bytes
+            started = time.monotonic()
+            sent = 0
+            pending = []
+            try:
+                while (due := offer.due(started, sent)) < started + offer.duration_s:
+                    await asyncio.sleep(max(due - time.monotonic(), 0))
+                    while sent - len(acks) >= offer.backlog:
+                        await asyncio.sleep(0.005)
+                    future = await producer.send(topic, value, key=str(sent).encode())
+                    future.add_done_callback(
+                        lambda _f: acks.append((time.monotonic(), offer.record_bytes))
+                    )
+                    pending.append(future)
+                    sent += 1
+                await asyncio.gather(*pending)
+            finally:
+                await producer.stop()
+            return acks
+
+        return asyncio.run(run())
 
     def consume(
         self, access: Access, topic: str, group: str, client_id: str, count: int
@@ -195,6 +269,27 @@ class ConfluentKafka:
         assert not failures, failures[:3]
         assert remaining == 0, f"{remaining} records undelivered"
 
+    def offer(self, access: Access, topic: str, client_id: str, offer: Offer) -> Acks:
+        producer = confluent_kafka.Producer(
+            {**access.librdkafka(), "client.id": client_id, "acks": "1", "linger.ms": 5}
+        )
+        acks: Acks = []
+
+        def delivered(error: Any, _message: Any) -> None:
+            if error is None:
+                acks.append((time.monotonic(), offer.record_bytes))
+
+        value = b"o" * offer.record_bytes
+        started = time.monotonic()
+        sent = 0
+        while (due := offer.due(started, sent)) < started + offer.duration_s:
+            while time.monotonic() < due or sent - len(acks) >= offer.backlog:
+                producer.poll(max(due - time.monotonic(), 0.005))
+            _produce_waiting_for_room(producer, topic, value, delivered, key=str(sent).encode())
+            sent += 1
+        producer.flush(CONSUME_TIMEOUT_S)
+        return acks
+
     def consume(
         self, access: Access, topic: str, group: str, client_id: str, count: int
     ) -> list[bytes]:
@@ -225,12 +320,21 @@ class ConfluentKafka:
         return values
 
 
+def _pace(due: float) -> None:
+    """Waits until ``due``: the offered rate's schedule, not a wait for something to happen."""
+    time.sleep(max(due - time.monotonic(), 0))
+
+
 def _produce_waiting_for_room(
-    producer: Any, topic: str, value: bytes, delivered: Callable[[Any, Any], None]
+    producer: Any,
+    topic: str,
+    value: bytes,
+    delivered: Callable[[Any, Any], None],
+    key: bytes | None = None,
 ) -> None:
     while True:
         try:
-            producer.produce(topic, value, key=value, on_delivery=delivered)
+            producer.produce(topic, value, key=value if key is None else key, on_delivery=delivered)
             return
         except BufferError:  # librdkafka's queue is full: serve callbacks until there is room
             producer.poll(0.1)
