@@ -378,25 +378,107 @@ def test_truncated_response_header_tagged_fields_are_malformed(tail: bytes) -> N
         wire.response_header_size(wire.METADATA, 12, memoryview(struct.pack(">i", 1) + tail))
 
 
-@pytest.mark.parametrize("version", range(1, FetchResponse.max_version + 1))
-def test_throttle_offset_points_at_a_fetch_responses_throttle(version: int) -> None:
-    frame = response_frame(fetch_response(version, [], throttle_time_ms=1234))
+def busy_response(api_key: int, version: int, endpoints: list[tuple[int, str, int]]) -> Any:
+    """A Produce or Fetch response with everything the in-place walk must step over: two
+    topics of two partitions, record errors and error messages, aborted transactions, records,
+    and partition-level tagged fields (a current leader), which are not NodeEndpoints."""
+    if api_key == wire.PRODUCE:
+        topic = ProduceResponse.TopicProduceResponse
+        partition = topic.PartitionProduceResponse
+        error = partition.BatchIndexAndErrorMessage(batch_index=1, batch_index_error_message="bad")
+        partitions = [
+            partition(
+                index=i,
+                error_code=6,
+                base_offset=-1,
+                record_errors=[error, error],
+                error_message="not the leader",
+                current_leader=partition.LeaderIdAndEpoch(leader_id=2, leader_epoch=9),
+            )
+            for i in range(2)
+        ]
+        responses = [
+            topic(topic_id=uuid.UUID(int=t), partition_responses=partitions)
+            if version >= 13
+            else topic(name=f"t{t}", partition_responses=partitions)
+            for t in range(2)
+        ]
+        return ProduceResponse[version](
+            responses=responses,
+            throttle_time_ms=25,
+            node_endpoints=[
+                ProduceResponse.NodeEndpoint(node_id=n, host=h, port=p, rack=None)
+                for n, h, p in endpoints
+            ],
+        )
+    topic = FetchResponse.FetchableTopicResponse
+    data = topic.PartitionData
+    fetched = [
+        data(
+            partition_index=i,
+            high_watermark=10,
+            aborted_transactions=[data.AbortedTransaction(producer_id=5, first_offset=3)],
+            current_leader=data.LeaderIdAndEpoch(leader_id=2, leader_epoch=9),
+            records=b"\x01" * (100 + i),
+        )
+        for i in range(2)
+    ]
+    topics = [
+        topic(topic_id=uuid.UUID(int=t), partitions=fetched)
+        if version >= 13
+        else topic(topic=f"t{t}", partitions=fetched)
+        for t in range(2)
+    ]
+    return FetchResponse[version](
+        throttle_time_ms=25,
+        responses=topics,
+        node_endpoints=[
+            FetchResponse.NodeEndpoint(node_id=n, host=h, port=p, rack="r") for n, h, p in endpoints
+        ],
+    )
+
+
+THROTTLED_RESPONSES = [(wire.FETCH, v) for v in range(1, FetchResponse.max_version + 1)] + [
+    (wire.PRODUCE, v) for v in range(1, ProduceResponse.max_version + 1)
+]
+
+
+@pytest.mark.parametrize(("api_key", "version"), THROTTLED_RESPONSES)
+@pytest.mark.parametrize("endpoints", [[], [(1, "upstream-1", 9092), (3, "upstream-3", 9093)]])
+def test_the_throttle_and_node_endpoints_are_found_in_place(
+    api_key: int, version: int, endpoints: list[tuple[int, str, int]]
+) -> None:
+    frame = response_frame(busy_response(api_key, version, endpoints))
     payload = payload_of(frame)
-    offset = wire.throttle_offset(wire.FETCH, version, payload)
-    assert offset == (5 if version >= 12 else 4)
-    assert wire.read_int32(payload, offset) == 1234
-    rewritten = bytearray(frame)
-    wire.write_int32(rewritten, 4 + offset, 5000)
-    decoded = wire.decode_response(wire.FETCH, version, payload_of(bytes(rewritten)))
-    assert decoded.throttle_time_ms == 5000
+    found = wire.throttled_response(api_key, version, payload)
+    assert found.throttle_offset is not None
+    assert wire.read_int32(payload, found.throttle_offset) == 25
+    endpoints_since = 16 if api_key == wire.FETCH else 10
+    assert found.tagged == (bool(endpoints) and version >= endpoints_since)
+    raised = bytearray(frame)
+    wire.write_int32(raised, 4 + found.throttle_offset, 5000)
+    before = wire.decode_response(api_key, version, payload)
+    after = wire.decode_response(api_key, version, payload_of(bytes(raised)))
+    assert after.throttle_time_ms == 5000
+    after.throttle_time_ms = before.throttle_time_ms
+    assert after == before
 
 
-def test_throttle_offset_is_none_without_a_leading_throttle() -> None:
-    payload = payload_of(response_frame(fetch_response(0, [])))
-    assert wire.throttle_offset(wire.FETCH, 0, payload) is None
-    produce = payload_of(response_frame(produce_response(9, [])))
-    assert wire.throttle_offset(wire.PRODUCE, 9, produce) is None
-    assert wire.throttle_offset(wire.METADATA, 12, payload) is None
+def test_version_0_responses_carry_no_throttle() -> None:
+    for api_key in (wire.FETCH, wire.PRODUCE):
+        payload = payload_of(response_frame(busy_response(api_key, 0, [])))
+        assert wire.throttled_response(api_key, 0, payload).throttle_offset is None
+
+
+@pytest.mark.parametrize(("api_key", "version"), [(wire.FETCH, 16), (wire.PRODUCE, 10)])
+def test_a_truncated_or_overlong_throttled_response_is_malformed(
+    api_key: int, version: int
+) -> None:
+    frame = response_frame(busy_response(api_key, version, [(1, "h", 1)]))
+    for cut in (frame[:-3], frame[:20], frame + b"\x00"):
+        body = cut[4:]
+        with pytest.raises(wire.MalformedFrameError):
+            wire.throttled_response(api_key, version, memoryview(body))
 
 
 def _round_trip_cases() -> list[Any]:

@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from quotastream.proxy import wire
 from quotastream.proxy.identity import Identity, UnreadablePrincipalError
@@ -95,6 +95,17 @@ class _InFlight:
     client_id: str
 
 
+#: Write-buffer marks. Towards a broker: past 1 MiB unsent, no more requests are forwarded and
+#: nothing more is read from the client until it drains (a client that sends faster than its
+#: broker takes is slowed as by the broker itself, and the proxy's memory stays bounded).
+#: Towards a client: past 8 MiB (more than a large fetch response), nothing more is read from
+#: the broker.
+BROKER_HIGH_WATER: Final = 1 << 20
+CLIENT_HIGH_WATER: Final = 8 << 20
+#: Frames that leave in one write when they arrived together (small requests, pipelined).
+_JOINED_WRITE_BYTES: Final = 256 * 1024
+
+
 class Connection:
     """A client connection through the proxy to one broker (``node_id``; None: a bootstrap
     connection, whose broker is known once it is connected)."""
@@ -114,6 +125,7 @@ class Connection:
         self._throttled = False
         self._wakeup: asyncio.TimerHandle | None = None
         self._reading = True
+        self._broker_full = False
         self._draining = False
         self.closed = asyncio.get_running_loop().create_future()
 
@@ -121,6 +133,7 @@ class Connection:
 
     def client_connected(self, transport: asyncio.Transport) -> None:
         self._client = transport
+        transport.set_write_buffer_limits(high=CLIENT_HIGH_WATER)
         self._context.opened(self)
         self._pause_client()  # until the broker connection is up
         self._loop.create_task(self._connect_broker())
@@ -163,12 +176,24 @@ class Connection:
             )
         self.close(None, "client_closed")
 
+    def client_full(self, full: bool) -> None:
+        """The client's write buffer passed its high mark (or drained below its low one)."""
+        if self._broker is not None and not self._broker.is_closing():
+            if full:
+                self._broker.pause_reading()
+            else:
+                self._broker.resume_reading()
+
     # --- requests ----------------------------------------------------------------------------
 
     def _pump(self) -> None:
         """Forwards pending requests while the connection may; otherwise waits for the event
-        that unblocks it (the broker connection, a response, the end of a throttle)."""
+        that unblocks it (the broker connection, a response, the end of a throttle, room in the
+        broker's write buffer)."""
+        batch: list[memoryview] = []
         while self._pending and self._broker is not None and not self._closing():
+            if self._broker_full:
+                break  # resume_writing calls _pump again
             now = self._loop.time()
             if now < self._muted_until:
                 self._wake_at(self._muted_until)
@@ -184,7 +209,7 @@ class Connection:
                     self._mute(hold_ms)
                     continue
                 self._pending.popleft()
-                self._forward(frame, header)
+                self._forward(frame, header, batch)
             except (wire.MalformedFrameError, UnreadablePrincipalError) as error:
                 self.close(f"request refused: {error}", "malformed")
                 return
@@ -192,6 +217,8 @@ class Connection:
                 log.exception("closing a client connection: forwarding a request failed")
                 self.close(None, "internal_error")
                 return
+        if batch and self._broker is not None:
+            _write(self._broker, batch)
         if self._pending or self._draining or self._loop.time() < self._muted_until:
             self._pause_client()
         else:
@@ -204,8 +231,9 @@ class Connection:
         key = (kind, self.identity.user, header.client_id or "", self.node_id)
         return self._context.holds.remaining_ms(key)
 
-    def _forward(self, frame: memoryview, header: wire.RequestHeader) -> None:
-        assert self._broker is not None
+    def _forward(
+        self, frame: memoryview, header: wire.RequestHeader, batch: list[memoryview]
+    ) -> None:
         payload = frame[4:]
         client_id = header.client_id or ""
         api = header.api_key
@@ -221,7 +249,7 @@ class Connection:
             self._in_flight.append(
                 _InFlight(api, header.api_version, header.correlation_id, client_id)
             )
-        self._broker.write(frame)
+        batch.append(frame)
         self._context.forwarded(api, len(frame))
         if api == wire.PRODUCE and not expects_response:
             # acks=0: no response to carry a throttle, so the hold starts now.
@@ -245,12 +273,19 @@ class Connection:
 
     def broker_connected(self, transport: asyncio.Transport) -> None:
         self._broker = transport
+        transport.set_write_buffer_limits(high=BROKER_HIGH_WATER)
+
+    def broker_full(self, full: bool) -> None:
+        """The broker's write buffer passed its high mark (or drained below its low one)."""
+        self._broker_full = full
+        if full:
+            self._pause_client()
+        else:
+            self._pump()
 
     def broker_data(self, data: bytes) -> None:
         try:
-            frames = self._responses.feed(data)
-            for frame in frames:
-                self._respond(frame)
+            replies = [self._respond(frame) for frame in self._responses.feed(data)]
         except wire.MalformedFrameError as error:
             self.close(
                 f"malformed response from broker {self._describe_broker()}: {error}", "malformed"
@@ -260,12 +295,18 @@ class Connection:
             log.exception("closing a client connection: relaying a response failed")
             self.close(None, "internal_error")
             return
+        if replies and self._client is not None:
+            _write(self._client, replies)
+        if self._draining and not self._in_flight:
+            self.close(None, "drained")
+            return
         self._pump()
 
     def broker_lost(self) -> None:
         self.close(None if self._closing() else "the broker closed the connection", "broker_closed")
 
-    def _respond(self, frame: memoryview) -> None:
+    def _respond(self, frame: memoryview) -> memoryview | bytes | bytearray:
+        """The frame to send the client for a response, and its throttle applied."""
         if not self._in_flight:
             raise wire.MalformedFrameError("a response to no request")
         request = self._in_flight.popleft()
@@ -274,20 +315,17 @@ class Connection:
             raise wire.MalformedFrameError(
                 f"a response out of order (expected correlation id {request.correlation_id})"
             )
-        out: memoryview | bytes | bytearray = frame
-        throttle_ms = 0
         api = request.api_key
+        out: memoryview | bytes | bytearray = frame
         if api in _KIND:
             out, throttle_ms = self._throttled_response(request, frame)
-        elif api in wire.RESPONSES:
-            out = self._rewritten(request, frame)
-        assert self._client is not None
-        self._client.write(out)
-        self._context.returned(api, len(out))
-        if api in _KIND:
             self._throttled = throttle_ms > 0
             if throttle_ms > 0:
                 self._mute(throttle_ms)
+        elif api in wire.RESPONSES:
+            out = self._rewritten(request, frame)
+        self._context.returned(api, len(out))
+        return out
 
     def _throttled_response(
         self, request: _InFlight, frame: memoryview
@@ -301,42 +339,41 @@ class Connection:
             hold_ms = self._context.holds.remaining_ms(
                 (_KIND[api], self.identity.user, request.client_id, self.node_id)
             )
-        offset = wire.throttle_offset(api, version, payload)
-        needs_decoding = (api == wire.PRODUCE and (version >= 10 or hold_ms > 0)) or (
-            api == wire.FETCH and version >= 16
-        )
-        if not needs_decoding:
-            counted = len(payload)
-            throttle_ms = 0 if offset is None else wire.read_int32(payload, offset)
-            out: memoryview | bytearray = frame
-            if offset is not None and hold_ms > throttle_ms:
-                out = bytearray(frame)
-                wire.write_int32(out, 4 + offset, hold_ms)
-                self._context.metrics.throttled_responses.labels(wire.api_name(api)).inc()
-            if api == wire.FETCH:
-                self._record(FETCH, request.client_id, counted - offset + 4 if offset else counted)
-            return out, max(throttle_ms, hold_ms)
-        message = wire.decode_response(api, version, payload)
-        throttle_ms = message.throttle_time_ms
-        changed = self._context.routes.rewrite(api, version, message)
+        found = wire.throttled_response(api, version, payload)
+        if found.tagged:  # NodeEndpoints (a leader moved): rare, decoded and rewritten
+            return self._with_endpoints_rewritten(request, frame, hold_ms)
+        offset = found.throttle_offset
+        throttle_ms = 0 if offset is None else wire.read_int32(payload, offset)
         if api == wire.FETCH:
             header_size = wire.response_header_size(api, version, payload)
-            counted = len(payload) - header_size + 4
-            if changed:  # the broker counted the response before it added its NodeEndpoints
-                endpoints = message.node_endpoints
-                message.node_endpoints = []
-                counted = len(wire.encode_response(api, version, 0, message)) - header_size
-                message.node_endpoints = endpoints
-            self._record(FETCH, request.client_id, counted)
+            self._record(FETCH, request.client_id, len(payload) - header_size + 4)
+        if offset is None or hold_ms <= throttle_ms:
+            return frame, throttle_ms
+        raised = bytearray(frame)
+        wire.write_int32(raised, 4 + offset, hold_ms)
+        self._context.metrics.throttled_responses.labels(wire.api_name(api)).inc()
+        return raised, hold_ms
+
+    def _with_endpoints_rewritten(
+        self, request: _InFlight, frame: memoryview, hold_ms: int
+    ) -> tuple[bytes, int]:
+        payload = frame[4:]
+        api, version = request.api_key, request.api_version
+        message = wire.decode_response(api, version, payload)
+        throttle_ms = message.throttle_time_ms
+        if api == wire.FETCH:
+            # The broker counted the response before it added its NodeEndpoints.
+            endpoints, message.node_endpoints = message.node_endpoints, []
+            unpointed = wire.encode_response(api, version, request.correlation_id, message)
+            header_size = wire.response_header_size(api, version, payload)
+            self._record(FETCH, request.client_id, len(unpointed) - header_size)
+            message.node_endpoints = endpoints
+        self._context.routes.rewrite(api, version, message)
         if hold_ms > throttle_ms:
             message.throttle_time_ms = hold_ms
-            changed = True
             self._context.metrics.throttled_responses.labels(wire.api_name(api)).inc()
-        if not changed:
-            return frame, throttle_ms
-        return wire.encode_response(api, version, request.correlation_id, message), max(
-            throttle_ms, hold_ms
-        )
+        rewritten = wire.encode_response(api, version, request.correlation_id, message)
+        return rewritten, max(throttle_ms, hold_ms)
 
     def _rewritten(self, request: _InFlight, frame: memoryview) -> memoryview | bytes:
         api, version = request.api_key, request.api_version
@@ -353,11 +390,10 @@ class Connection:
     # --- muting, draining, closing -----------------------------------------------------------
 
     def _mute(self, throttle_ms: int) -> None:
-        until = self._loop.time() + throttle_ms / 1000
+        now = self._loop.time()
+        until = now + throttle_ms / 1000
         if until > self._muted_until:
-            self._context.metrics.held_seconds.inc(
-                until - max(self._muted_until, self._loop.time())
-            )
+            self._context.metrics.held_seconds.inc(until - max(self._muted_until, now))
             self._muted_until = until
         self._pause_client()
         self._wake_at(self._muted_until)
@@ -408,12 +444,19 @@ class Connection:
         self._context.closed(self, label)
         self.closed.set_result(label)
 
-    def after_response(self) -> None:
-        if self._draining and not self._in_flight:
-            self.close(None, "drained")
-
     def _describe_broker(self) -> str:
         return "bootstrap" if self.node_id is None else str(self.node_id)
+
+
+def _write(transport: asyncio.Transport, frames: list[Any]) -> None:
+    """Frames that arrived together leave together: one send for pipelined small ones."""
+    if len(frames) == 1:
+        transport.write(frames[0])
+    elif sum(len(frame) for frame in frames) <= _JOINED_WRITE_BYTES:
+        transport.write(b"".join(frames))
+    else:
+        for frame in frames:
+            transport.write(frame)
 
 
 class ClientSide(asyncio.Protocol):
@@ -429,6 +472,14 @@ class ClientSide(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         assert self.connection is not None
         self.connection.client_data(data)
+
+    def pause_writing(self) -> None:
+        assert self.connection is not None
+        self.connection.client_full(True)
+
+    def resume_writing(self) -> None:
+        assert self.connection is not None
+        self.connection.client_full(False)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.connection is not None:
@@ -447,7 +498,12 @@ class _BrokerSide(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._connection.broker_data(data)
-        self._connection.after_response()
+
+    def pause_writing(self) -> None:
+        self._connection.broker_full(True)
+
+    def resume_writing(self) -> None:
+        self._connection.broker_full(False)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._connection.broker_lost()

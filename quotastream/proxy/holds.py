@@ -12,8 +12,10 @@ answer's source is counted.
 A hold is the client's remaining throttle: ``until`` of its decision, as an instant of this
 process's monotonic clock. A fail-closed answer has no ``until`` of its own: it holds the client
 ``fail_closed_delay_ms`` from the pass that gave it, and the next one starts when that ended, so
-that a client still gets a request through per delay, as "delay everyone" means. Every connection of the client asks for it before forwarding a
-request, so a client spread over many brokers is held on all of them by a cluster-wide decision.
+that a client still gets a request through per delay, as "delay everyone" means.
+
+Every connection of the client asks for its hold before forwarding a request, so a client
+spread over many brokers is held on all of them by a cluster-wide decision.
 """
 
 from __future__ import annotations

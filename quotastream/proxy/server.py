@@ -73,6 +73,7 @@ class ProxyContext:
         self._read_brokers = read_brokers
         self._bootstrap = itertools.cycle(settings.upstream.addresses)
         self._turns = itertools.count()
+        self._by_api: dict[int, tuple[Any, Any, Any]] = {}
 
     async def refresh_brokers(self) -> None:
         brokers = await asyncio.get_running_loop().run_in_executor(None, self._read_brokers)
@@ -106,12 +107,25 @@ class ProxyContext:
         self.metrics.connections_closed.labels(reason).inc()
 
     def forwarded(self, api_key: int, nbytes: int) -> None:
-        api = wire.api_name(api_key)
-        self.metrics.requests.labels(api).inc()
-        self.metrics.bytes.labels(api, "request").inc(nbytes)
+        requests, request_bytes, _ = self._api_metrics(api_key)
+        requests.inc()
+        request_bytes.inc(nbytes)
 
     def returned(self, api_key: int, nbytes: int) -> None:
-        self.metrics.bytes.labels(wire.api_name(api_key), "response").inc(nbytes)
+        self._api_metrics(api_key)[2].inc(nbytes)
+
+    def _api_metrics(self, api_key: int) -> tuple[Any, Any, Any]:
+        """An API's labelled counters, looked up once (``labels()`` costs a lock and a hash
+        on the hot path)."""
+        found = self._by_api.get(api_key)
+        if found is None:
+            api = wire.api_name(api_key)
+            found = self._by_api[api_key] = (
+                self.metrics.requests.labels(api),
+                self.metrics.bytes.labels(api, "request"),
+                self.metrics.bytes.labels(api, "response"),
+            )
+        return found
 
 
 class Proxy:

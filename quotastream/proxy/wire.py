@@ -9,6 +9,7 @@ Produce request's ``acks`` and a response's ``throttle_time_ms``, by hand, at kn
 
 from __future__ import annotations
 
+import functools
 import re
 import struct
 from dataclasses import dataclass
@@ -148,6 +149,7 @@ def _skip_tagged_fields(data: memoryview, offset: int) -> int:
     return offset
 
 
+@functools.cache
 def _flexible(message: Any, version: int) -> bool:
     return bool(message.flexible_version_q(version))
 
@@ -230,12 +232,91 @@ def encode_response(api_key: int, api_version: int, correlation_id: int, message
     return framed(header + body)
 
 
-def throttle_offset(api_key: int, api_version: int, payload: memoryview) -> int | None:
-    """Where a Fetch response's ``throttle_time_ms`` sits (its first body field, v1+); None for
-    other responses (a Produce response's sits after its topics: it is decoded instead)."""
-    if api_key != FETCH or api_version < 1:
-        return None
-    return response_header_size(api_key, api_version, payload)
+@dataclass(frozen=True, slots=True)
+class ThrottledResponse:
+    """Where a Produce or Fetch response's ``throttle_time_ms`` sits, and whether it carries
+    top-level tagged fields (KIP-951 ``NodeEndpoints``, which must be rewritten)."""
+
+    throttle_offset: int | None  # None: a version without one (v0)
+    tagged: bool
+
+
+def throttled_response(api_key: int, api_version: int, payload: memoryview) -> ThrottledResponse:
+    """Finds the throttle and the tagged fields of a Produce or Fetch response by skipping over
+    its structure in place: no field is decoded, no record copied. Kafka puts the throttle
+    first in a Fetch response (v1+) and after the topics in a Produce response (v1+); the
+    tagged fields that carry ``NodeEndpoints`` (Produce v10+, Fetch v16+) end the response,
+    after every topic and record of a fetch."""
+    try:
+        if api_key == FETCH:
+            return _fetch_response(api_version, payload)
+        return _produce_response(api_version, payload)
+    except (IndexError, struct.error):
+        raise MalformedFrameError(
+            f"a truncated {api_name(api_key)} v{api_version} response"
+        ) from None
+
+
+def _skip_compact_string(data: memoryview, offset: int) -> int:
+    length, offset = _uvarint(data, offset)
+    return offset + max(length - 1, 0)  # length + 1; 0 for null
+
+
+def _produce_response(version: int, data: memoryview) -> ThrottledResponse:
+    if version < 1:
+        return ThrottledResponse(None, tagged=False)
+    if not _flexible(ProduceResponse, version):
+        return ThrottledResponse(len(data) - 4, tagged=False)  # the throttle ends v1-v8
+    offset = response_header_size(PRODUCE, version, data)
+    topics, offset = _uvarint(data, offset)
+    for _ in range(topics - 1):
+        offset = offset + 16 if version >= 13 else _skip_compact_string(data, offset)
+        partitions, offset = _uvarint(data, offset)
+        for _ in range(partitions - 1):
+            offset += 4 + 2 + 8 + 8 + 8  # index, error, base offset, append time, start offset
+            record_errors, offset = _uvarint(data, offset)
+            for _ in range(record_errors - 1):
+                offset = _skip_compact_string(data, offset + 4)
+                offset = _skip_tagged_fields(data, offset)
+            offset = _skip_compact_string(data, offset)  # error message
+            offset = _skip_tagged_fields(data, offset)
+        offset = _skip_tagged_fields(data, offset)
+    return _ending(data, offset)
+
+
+def _fetch_response(version: int, data: memoryview) -> ThrottledResponse:
+    if version < 1:
+        return ThrottledResponse(None, tagged=False)
+    start = response_header_size(FETCH, version, data)
+    if version < 16:  # no NodeEndpoints to look for
+        return ThrottledResponse(start, tagged=False)
+    offset = start + 4 + 2 + 4  # throttle, error, session id
+    topics, offset = _uvarint(data, offset)
+    for _ in range(topics - 1):
+        offset += 16  # topic id (v13+)
+        partitions, offset = _uvarint(data, offset)
+        for _ in range(partitions - 1):
+            offset += 4 + 2 + 8 + 8 + 8  # index, error, high watermark, LSO, log start
+            aborted, offset = _uvarint(data, offset)
+            for _ in range(aborted - 1):
+                offset = _skip_tagged_fields(data, offset + 16)
+            offset += 4  # preferred read replica
+            offset = _skip_compact_string(data, offset)  # the records: skipped, never read
+            offset = _skip_tagged_fields(data, offset)
+        offset = _skip_tagged_fields(data, offset)
+    return _ending(data, offset, throttle_offset=start)
+
+
+def _ending(data: memoryview, offset: int, throttle_offset: int | None = None) -> ThrottledResponse:
+    """The response's last part: (a Produce response's throttle, then) its tagged fields."""
+    if throttle_offset is None:
+        throttle_offset, offset = offset, offset + 4
+    if offset >= len(data):
+        raise IndexError(offset)
+    count, _ = _uvarint(data, offset)
+    if _skip_tagged_fields(data, offset) != len(data):
+        raise MalformedFrameError("a response does not end where its fields do")
+    return ThrottledResponse(throttle_offset, tagged=count > 0)
 
 
 def read_int32(payload: memoryview | bytearray, offset: int) -> int:
