@@ -28,17 +28,20 @@ from rich.live import Live
 from rich.markup import escape
 
 from quotastream.outage import first_line
-from state.config import load_quota_config
+from quotastream.proxy.settings import ProxySettings
+from state.config import QuotaConfig, load_quota_config
+from streaming.commands.client_traffic import ClientTraffic
 from streaming.commands.exit_codes import EXIT_FAILURE, EXIT_OK
 from streaming.commands.live_view import snapshot
 from streaming.commands.preflight import check_servers
+from streaming.commands.proxy import RunningProxy
 from streaming.commands.redaction import redact_logs
 from streaming.commands.traffic import LiveTraffic
 from streaming.engine.exporter import EngineMetrics
 from streaming.engine.job import GracefulStop, local_spark, start_query
 from streaming.engine.settings import EngineSettings
 from streaming.kafka_broker import start_kafka
-from streaming.services import start_redis
+from streaming.services import LOOPBACK, free_ports, start_redis
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +76,8 @@ def run(options: RunOptions) -> int:
             )
             traffic.start()
             stack.callback(traffic.stop)
+            if options.embedded:
+                stack.enter_context(_real_clients(settings, config, console))
         console.print("starting Spark …")
         spark = local_spark(settings)
         stack.callback(spark.stop)
@@ -173,6 +178,45 @@ def _embedded(settings: EngineSettings, console: Console) -> Iterator[EngineSett
         finally:
             # The broker's log ends with it: the checkpoint could not resume.
             shutil.rmtree(checkpoint, ignore_errors=True)
+
+
+#: The embedded default's topic of real client traffic (``_real_clients``).
+CLIENTS_TOPIC = "clients"
+
+
+@contextlib.contextmanager
+def _real_clients(
+    settings: EngineSettings, config: QuotaConfig, console: Console
+) -> Iterator[ClientTraffic]:
+    """``quotastream proxy`` in front of the embedded broker, and real clients through it: their
+    bytes are published to the events topic and they are held by the engine's decisions."""
+    admin = KafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
+    admin.create_topics([NewTopic(CLIENTS_TOPIC, 3, 1)])
+    admin.close()
+    first = free_ports(3)  # the bootstrap port, then node_port_base: broker 1 on first + 2
+    proxy = ProxySettings.model_validate(
+        {
+            **settings.proxy.model_dump(),
+            "listen_host": LOOPBACK,
+            "advertised_host": None,
+            "bootstrap_port": first,
+            "node_port_base": first + 1,
+            "upstream": {"bootstrap_servers": settings.kafka.bootstrap_servers},
+            "metrics": {"enabled": False},
+        }
+    )
+    with RunningProxy(settings.model_copy(update={"proxy": proxy}), config) as running:
+        console.print(
+            f"proxy: {running.bootstrap_servers} in front of the broker, with kafka-python "
+            f"clients producing to and consuming {CLIENTS_TOPIC!r} through it",
+            soft_wrap=True,
+        )
+        clients = ClientTraffic(running.bootstrap_servers, CLIENTS_TOPIC)
+        clients.start()
+        try:
+            yield clients
+        finally:
+            clients.stop()
 
 
 def _watch(
