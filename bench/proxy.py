@@ -39,7 +39,11 @@ bench/results/proxy.jsonl::
      "fetch.ratio": ..., "latency.added_p50_ms": ..., "latency.added_p99_ms": ...,
      "requests_per_s": ..., ...}
 
-    python bench/proxy.py [--quick]    # about a minute; --quick: about 40 s
+    python bench/proxy.py [--quick] [--no-closed-loop]
+
+The closed loop (``bench/proxy_closed_loop.py``: the engine holding real clients to their
+quotas through the proxy) adds ``closed_loop.<client>.quota_bytes_per_s`` and
+``closed_loop.<client>.achieved_bytes_per_s`` for each client library, and about five minutes.
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 from kafka.record.default_records import DefaultRecordBatchBuilder
+from proxy_closed_loop import closed_loop
 from results import record  # bench/ is on sys.path when a script in it runs
 
 from streaming.kafka_broker import kafka_version, start_kafka
@@ -518,6 +523,11 @@ def create_topics(kafka: LocalService) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a run of about a minute")
+    parser.add_argument(
+        "--no-closed-loop",
+        action="store_true",
+        help="leave out the closed loop with the engine (bench/proxy_closed_loop.py, ~5 min)",
+    )
     args = parser.parse_args()
     quick: bool = args.quick
     rounds = 2 if quick else 5
@@ -602,6 +612,8 @@ def main() -> None:
             result["latency.raw.samples"] = blocks * per_block * 2
             # Requests per CPU second of the proxy process.
             result.update(forwarded_per_cpu_second(proxy, kafka.process.pid, 8, 1.0, rps_seconds))
+    if not args.no_closed_loop:
+        result.update(closed_loop())
     record("proxy", result)
 
 

@@ -1,8 +1,9 @@
 """The metric names the dashboards and the Prometheus rules may use.
 
 The names come from the code that exports them, so there is one list each: the engine's exporter
-(:data:`streaming.engine.metric_names.METRICS`) and the enforcement agents' cached client
-(:class:`quotastream.CachedQuotaClient` with a ``registry``). The tests check that every
+(:data:`streaming.engine.metric_names.METRICS`), the enforcement agents' cached client
+(:class:`quotastream.CachedQuotaClient` with a ``registry``) and ``quotastream proxy``
+(:class:`quotastream.proxy.metrics.ProxyMetrics`). The tests check that every
 dashboard query and every rule reads only these names (plus the recording rules' own outputs and
 Prometheus's ``up``), so a renamed metric fails the build here rather than leaving an empty panel
 or an alert that never fires.
@@ -17,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from quotastream.cache import CachedQuotaClient
 from quotastream.client import QuotaClient
+from quotastream.proxy.metrics import ProxyMetrics
 from streaming.engine.metric_names import METRICS, QUOTAS
 
 CONTRACT_METRIC_NAMES: Final = frozenset(METRICS)
@@ -33,6 +35,17 @@ def agent_metric_names() -> frozenset[str]:
     """
     registry = CollectorRegistry()
     CachedQuotaClient(QuotaClient(redis.Redis()), registry=registry)
+    return _exposed(registry)
+
+
+def proxy_metric_names() -> frozenset[str]:
+    """The names ``quotastream proxy`` registers (its cached client's are the agents')."""
+    registry = CollectorRegistry()
+    ProxyMetrics(registry)
+    return _exposed(registry)
+
+
+def _exposed(registry: CollectorRegistry) -> frozenset[str]:
     return frozenset(
         f"{family.name}_total" if family.type == "counter" else family.name
         for family in registry.collect()
@@ -40,9 +53,12 @@ def agent_metric_names() -> frozenset[str]:
 
 
 def queryable_names() -> frozenset[str]:
-    """The names a PromQL query may select: the engine's and the agents' metrics, and each
-    histogram's series."""
+    """The names a PromQL query may select: the engine's, the agents' and the proxy's metrics,
+    and each histogram's series."""
     suffixes = ("_bucket", "_sum", "_count")
     return (
-        CONTRACT_METRIC_NAMES | agent_metric_names() | {h + s for h in HISTOGRAMS for s in suffixes}
+        CONTRACT_METRIC_NAMES
+        | agent_metric_names()
+        | proxy_metric_names()
+        | {h + s for h in HISTOGRAMS for s in suffixes}
     )

@@ -122,6 +122,11 @@ class ClientLibrary(Protocol):
         each acknowledgement timed."""
         ...
 
+    def read_for(self, access: Access, topic: str, client_id: str, duration_s: float) -> Acks:
+        """A consumer (no group: all partitions from the start) reading as fast as it may for
+        ``duration_s``, each record timed as it arrives."""
+        ...
+
     def consume(
         self, access: Access, topic: str, group: str, client_id: str, count: int
     ) -> list[bytes]: ...
@@ -156,6 +161,21 @@ class KafkaPython:
         finally:
             producer.close()
         return acks
+
+    def read_for(self, access: Access, topic: str, client_id: str, duration_s: float) -> Acks:
+        consumer = kafka.KafkaConsumer(
+            topic, client_id=client_id, auto_offset_reset="earliest", **access.kafka_python()
+        )
+        received: Acks = []
+        deadline = time.monotonic() + duration_s
+        try:
+            while time.monotonic() < deadline:
+                for records in consumer.poll(timeout_ms=200).values():
+                    now = time.monotonic()
+                    received.extend((now, len(record.value)) for record in records)
+        finally:
+            consumer.close()
+        return received
 
     def consume(
         self, access: Access, topic: str, group: str, client_id: str, count: int
@@ -220,6 +240,26 @@ class AioKafka:
             finally:
                 await producer.stop()
             return acks
+
+        return asyncio.run(run())
+
+    def read_for(self, access: Access, topic: str, client_id: str, duration_s: float) -> Acks:
+        async def run() -> Acks:
+            consumer = aiokafka.AIOKafkaConsumer(
+                topic, client_id=client_id, auto_offset_reset="earliest", **access.aiokafka()
+            )
+            await consumer.start()
+            received: Acks = []
+            deadline = time.monotonic() + duration_s
+            try:
+                while time.monotonic() < deadline:
+                    batches = await consumer.getmany(timeout_ms=200)
+                    now = time.monotonic()
+                    for records in batches.values():
+                        received.extend((now, len(record.value or b"")) for record in records)
+            finally:
+                await consumer.stop()
+            return received
 
         return asyncio.run(run())
 
@@ -289,6 +329,29 @@ class ConfluentKafka:
             sent += 1
         producer.flush(CONSUME_TIMEOUT_S)
         return acks
+
+    def read_for(self, access: Access, topic: str, client_id: str, duration_s: float) -> Acks:
+        consumer = confluent_kafka.Consumer(
+            {
+                **access.librdkafka(),
+                # librdkafka needs a group id to subscribe; it commits nothing here.
+                "group.id": f"{client_id}-reader",
+                "client.id": client_id,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
+        consumer.subscribe([topic])
+        received: Acks = []
+        deadline = time.monotonic() + duration_s
+        try:
+            while time.monotonic() < deadline:
+                for message in consumer.consume(num_messages=1000, timeout=0.2):
+                    if message.error() is None:
+                        received.append((time.monotonic(), len(message.value() or b"")))
+        finally:
+            consumer.close()
+        return received
 
     def consume(
         self, access: Access, topic: str, group: str, client_id: str, count: int

@@ -178,3 +178,37 @@ def test_a_refused_redis_login_is_named_without_the_password(
     path = engine_file(tmp_path, kafka.address, redis_server.port)
     error = refused(path, capsys, EXIT_UNREACHABLE, "login refused")
     assert SECRET not in error
+
+
+@pytest.mark.parametrize(
+    ("proxy", "expected"),
+    [
+        (
+            {"bootstrap_port": 9300, "node_port_base": 9200},
+            "bootstrap_port 9300 must be below node_port_base 9200",
+        ),
+        (
+            {"sasl_mechanisms": ["GSSAPI"]},
+            "proxy.sasl_mechanisms[0]: Input should be 'PLAIN', 'SCRAM-SHA-256' or "
+            "'SCRAM-SHA-512' (got 'GSSAPI')",
+        ),
+        ({"upstream": {"bootstrap_servers": "kafka-1"}}, "'kafka-1' is not host:port"),
+        (
+            {"flush_interval_ms": 5},
+            "proxy.flush_interval_ms: Input should be greater than or equal to 10 (got 5)",
+        ),
+        (
+            {"tls": {"cert_file": "missing.pem", "key_file": "missing.key"}},
+            "tls.cert_file 'missing.pem' is not a file",
+        ),
+        ({"decisions": {"failure_policy": "ajar"}}, "proxy.decisions.failure_policy"),
+    ],
+)
+def test_a_bad_proxy_setting_is_named_with_its_key_and_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], proxy: dict[str, Any], expected: str
+) -> None:
+    path = engine_file(tmp_path, "127.0.0.1:1", 1, proxy=proxy)
+    assert main(["proxy", "--engine-config", str(path)]) == EXIT_USAGE
+    error = capsys.readouterr().err
+    assert str(path) in error
+    assert expected in error

@@ -114,7 +114,7 @@ class Connection:
         self._context = context
         self._loop = asyncio.get_running_loop()
         self.node_id = node_id
-        self.identity = Identity()
+        self.identity = Identity(frozenset(context.settings.sasl_mechanisms))
         self._client: asyncio.Transport | None = None
         self._broker: asyncio.Transport | None = None
         self._requests = FrameReader(context.settings.max_frame_bytes)

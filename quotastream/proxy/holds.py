@@ -6,8 +6,8 @@ for each client seen in the last ``idle_ms`` (``for_client``: the client's count
 live configuration the engine published, so a quota change is followed), and a client seen for
 the first time wakes it at once. So a decision reaches the proxy at most ``refresh_ms`` after
 the engine wrote it, plus one round trip; while Redis is unreachable the cached client answers
-by its failure policy (fail open: no hold; fail closed: ``fail_closed_delay_ms``), and each
-answer's source is counted.
+by its failure policy (fail open: no hold; fail closed: ``fail_closed_delay_ms``), and counts
+each answer by its source (``quotastream_agent_answers_total``).
 
 A hold is the client's remaining throttle: ``until`` of its decision, as an instant of this
 process's monotonic clock. A fail-closed answer has no ``until`` of its own: it holds the client
@@ -24,7 +24,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Final
 
 from quotastream.cache import CachedQuotaClient, Source
 
@@ -33,8 +32,6 @@ log = logging.getLogger(__name__)
 #: (quota, user, client-id, broker): what a client's decision is looked up by.
 ClientKey = tuple[str, str, str, int]
 
-LOOKUP_SOURCES: Final = tuple(source.value for source in Source)
-
 
 class Holds:
     def __init__(
@@ -42,13 +39,11 @@ class Holds:
         decisions: CachedQuotaClient,
         refresh_ms: int,
         idle_ms: int,
-        on_lookup: Callable[[str], None] = lambda source: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._decisions = decisions
         self._refresh_s = refresh_ms / 1000
         self._idle_s = idle_ms / 1000
-        self._on_lookup = on_lookup
         self._clock = clock
         self._until: dict[ClientKey, float] = {}
         self._seen: dict[ClientKey, float] = {}
@@ -84,7 +79,6 @@ class Holds:
                 self._until.pop(key, None)
                 continue
             answer = self._decisions.for_client(*key)
-            self._on_lookup(answer.source.value)
             if answer.source is Source.FAIL_CLOSED and self._until.get(key, 0.0) > now:
                 continue  # a policy hold runs its course: re-read, it would never end
             if answer.throttle_ms > 0:

@@ -64,6 +64,8 @@ def scram_user(message: bytes) -> str:
 class Identity:
     """A connection's user as the broker knows it, followed through its SASL exchange."""
 
+    #: The mechanisms whose logins are let through (``proxy.sasl_mechanisms``).
+    mechanisms: frozenset[str] = frozenset(INSPECTED_MECHANISMS)
     user: str = ANONYMOUS
     _mechanism: str | None = None
     _candidate: str | None = None
@@ -71,10 +73,10 @@ class Identity:
 
     def handshake(self, mechanism: str) -> None:
         """A SaslHandshake request; raises for a mechanism whose principal is unreadable."""
-        if mechanism not in _STEPS:
+        if mechanism not in self.mechanisms:
             raise UnreadablePrincipalError(
-                f"SASL mechanism {mechanism} is not inspected (only {', '.join(_STEPS)}): the "
-                "proxy could not tell whose bytes these are"
+                f"SASL mechanism {mechanism} is not one the proxy lets through "
+                f"({', '.join(sorted(self.mechanisms))}): it could not tell whose bytes these are"
             )
         self._mechanism = mechanism
         self._candidate = None

@@ -1,4 +1,9 @@
-"""The proxy's Prometheus metrics (``docs/metrics.md``, "The proxy")."""
+"""The proxy's Prometheus metrics (``docs/proxy.md``, "Metrics").
+
+Its decision lookups are counted by the agents' cached client in the same registry
+(``quotastream_agent_answers_total{source}``, ``quotastream_agent_redis_up``, ...): the proxy is
+an agent, and one metric says how agents read decisions.
+"""
 
 from __future__ import annotations
 
@@ -61,12 +66,6 @@ class ProxyMetrics:
             "quotastream_proxy_counted_bytes_dropped",
             "Counted client bytes in usage events that could not be published, by reason",
             ["reason"],
-            registry=registry,
-        )
-        self.lookups = Counter(
-            "quotastream_proxy_decision_lookups",
-            "Decision lookups of the refresh thread, by where the answer came from",
-            ["source"],
             registry=registry,
         )
         self.brokers = Gauge(

@@ -57,7 +57,6 @@ def build_proxy(
         decisions,
         proxy.decisions.refresh_ms,
         proxy.decisions.idle_ms,
-        on_lookup=lambda source: metrics.lookups.labels(source).inc(),
     )
 
     def new_producer() -> Any:
