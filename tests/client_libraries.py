@@ -164,8 +164,11 @@ class KafkaPython:
 
     def read_for(self, access: Access, topic: str, client_id: str, duration_s: float) -> Acks:
         consumer = kafka.KafkaConsumer(
-            topic, client_id=client_id, auto_offset_reset="earliest", **access.kafka_python()
+            client_id=client_id, auto_offset_reset="earliest", **access.kafka_python()
         )
+        # Without a group, kafka-python assigns nothing to a subscription: every partition.
+        partitions = consumer.partitions_for_topic(topic) or set()
+        consumer.assign([kafka.TopicPartition(topic, p) for p in partitions])
         received: Acks = []
         deadline = time.monotonic() + duration_s
         try:
