@@ -36,28 +36,28 @@ class Access:
     #: The CA of the server's certificate: TLS.
     ca_file: str | None = None
 
-    def kafka_python(self) -> dict[str, Any]:
-        options: dict[str, Any] = {"bootstrap_servers": self.bootstrap_servers}
-        options["security_protocol"] = _protocol(self)
+    def _python_options(self) -> dict[str, Any]:
+        """What kafka-python and aiokafka name alike."""
+        options: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers,
+            "security_protocol": _protocol(self),
+        }
         if self.scram is not None:
             options.update(
                 sasl_mechanism="SCRAM-SHA-512",
                 sasl_plain_username=self.scram[0],
                 sasl_plain_password=self.scram[1],
             )
+        return options
+
+    def kafka_python(self) -> dict[str, Any]:
+        options = self._python_options()
         if self.ca_file is not None:
             options.update(ssl_cafile=self.ca_file, ssl_check_hostname=False)
         return options
 
     def aiokafka(self) -> dict[str, Any]:
-        options: dict[str, Any] = {"bootstrap_servers": self.bootstrap_servers}
-        options["security_protocol"] = _protocol(self)
-        if self.scram is not None:
-            options.update(
-                sasl_mechanism="SCRAM-SHA-512",
-                sasl_plain_username=self.scram[0],
-                sasl_plain_password=self.scram[1],
-            )
+        options = self._python_options()
         if self.ca_file is not None:
             context = create_ssl_context(cafile=self.ca_file)
             context.check_hostname = False

@@ -164,7 +164,7 @@ class Connection:
         try:
             self._pending.extend(self._requests.feed(data))
         except wire.MalformedFrameError as error:
-            self.close(f"malformed request from the client: {error}", "malformed")
+            self._failed(error, "a malformed request from the client")
             return
         self._pump()
 
@@ -210,12 +210,8 @@ class Connection:
                     continue
                 self._pending.popleft()
                 self._forward(frame, header, batch)
-            except (wire.MalformedFrameError, UnreadablePrincipalError) as error:
-                self.close(f"request refused: {error}", "malformed")
-                return
-            except Exception:  # a bug must cost this connection only, and say so
-                log.exception("closing a client connection: forwarding a request failed")
-                self.close(None, "internal_error")
+            except Exception as error:
+                self._failed(error, "a request refused")
                 return
         if batch and self._broker is not None:
             _write(self._broker, batch)
@@ -286,14 +282,8 @@ class Connection:
     def broker_data(self, data: bytes) -> None:
         try:
             replies = [self._respond(frame) for frame in self._responses.feed(data)]
-        except wire.MalformedFrameError as error:
-            self.close(
-                f"malformed response from broker {self._describe_broker()}: {error}", "malformed"
-            )
-            return
-        except Exception:  # a bug must cost this connection only, and say so
-            log.exception("closing a client connection: relaying a response failed")
-            self.close(None, "internal_error")
+        except Exception as error:
+            self._failed(error, f"a malformed response from broker {self._describe_broker()}")
             return
         if replies and self._client is not None:
             _write(self._client, replies)
@@ -425,6 +415,15 @@ class Connection:
         self._pause_client()
         if not self._in_flight:
             self.close(None, "drained")
+
+    def _failed(self, error: Exception, what: str) -> None:
+        """Closes the connection over a frame it cannot follow (named in the log), or over a bug
+        (with its traceback): either costs this connection only."""
+        if isinstance(error, (wire.MalformedFrameError, UnreadablePrincipalError)):
+            self.close(f"{what}: {error}", "malformed")
+        else:
+            log.exception("closing a client connection of broker %s", self._describe_broker())
+            self.close(None, "internal_error")
 
     def _closing(self) -> bool:
         return self.closed.done()
