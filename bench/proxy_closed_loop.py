@@ -22,9 +22,11 @@ and a client that ignores ``throttle_time_ms`` sends at its offered rate until i
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,12 +70,33 @@ def achieved(acks: Acks) -> float:
 
 
 def fill(address: str, topic: str, nbytes: int) -> None:
-    producer = KafkaProducer(bootstrap_servers=address, acks=1, linger_ms=20, batch_size=1 << 20)
+    """``nbytes`` of 10 kB records, every one acknowledged (batches under the broker's
+    ``max.message.bytes``)."""
+    producer = KafkaProducer(bootstrap_servers=address, acks=1, linger_ms=20, batch_size=256_000)
     value = b"f" * 10_000
-    for i in range(nbytes // len(value)):
-        producer.send(topic, value, key=str(i).encode())
-    producer.flush()
+    sent = [producer.send(topic, value, key=str(i).encode()) for i in range(nbytes // len(value))]
+    for future in sent:
+        future.get(timeout=60)
     producer.close()
+
+
+def engine_running(query: Any, address: str, timeout_s: float = 120) -> None:
+    """Until the query has decided its first batch (Spark's first one takes seconds to plan):
+    a warm-up event, and its read offset."""
+    producer = KafkaProducer(bootstrap_servers=address)
+    event = {"kind": "produce", "ts": int(time.time() * 1000), "bytes": 1, "user": "warm-up"}
+    producer.send(EVENTS, json.dumps({**event, "client_id": "", "broker": 1}).encode()).get(60)
+    producer.close()
+    deadline = time.monotonic() + timeout_s
+    while not any(_batch_rows(progress) for progress in query.recentProgress):
+        if time.monotonic() > deadline or not query.isActive:
+            raise RuntimeError(f"the engine decided nothing in {timeout_s} s: {query.exception()}")
+        time.sleep(0.2)
+
+
+def _batch_rows(progress: Any) -> int:
+    rows = getattr(progress, "numInputRows", None)
+    return int(progress["numInputRows"] if rows is None else rows)
 
 
 def _batch_ms(progress: Any) -> float:
@@ -122,6 +145,7 @@ def closed_loop() -> dict[str, Any]:
         spark = local_spark(settings)
         query = start_query(spark, settings, config)
         try:
+            engine_running(query, cluster.address)
             with RunningProxy(settings, config) as proxy:
                 access = Access(proxy.bootstrap_servers)
                 offer = Offer(bytes_per_s=3 * QUOTA_BYTES_PER_S, duration_s=DURATION_S)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -97,9 +97,15 @@ class Offer:
     duration_s: float
     record_bytes: int = 10_000
 
-    def due(self, started: float, sent: int) -> float:
-        """When record number ``sent`` is due (monotonic seconds)."""
-        return started + sent * self.record_bytes / self.bytes_per_s
+    def schedule(self) -> Iterator[float]:
+        """When each record is due (monotonic seconds), for ``duration_s``. A producer held back
+        catches up at most a second of its schedule: an offered rate, not a growing debt that
+        it would send all at once when released."""
+        due = time.monotonic()
+        end = due + self.duration_s
+        while due < end:
+            yield due
+            due = max(due + self.record_bytes / self.bytes_per_s, time.monotonic() - 1.0)
 
     @property
     def backlog(self) -> int:
@@ -147,10 +153,9 @@ class KafkaPython:
         producer = kafka.KafkaProducer(client_id=client_id, acks=1, **access.kafka_python())
         acks: Acks = []
         value = b"o" * offer.record_bytes
-        started = time.monotonic()
         sent = 0
         try:
-            while (due := offer.due(started, sent)) < started + offer.duration_s:
+            for due in offer.schedule():
                 _pace(due)
                 while sent - len(acks) >= offer.backlog:
                     _pace(time.monotonic() + 0.005)
@@ -225,11 +230,10 @@ class AioKafka:
             await producer.start()
             acks: Acks = []
             value = b"o" * offer.record_bytes
-            started = time.monotonic()
             sent = 0
             pending = []
             try:
-                while (due := offer.due(started, sent)) < started + offer.duration_s:
+                for due in offer.schedule():
                     await asyncio.sleep(max(due - time.monotonic(), 0))
                     while sent - len(acks) >= offer.backlog:
                         await asyncio.sleep(0.005)
@@ -323,13 +327,10 @@ class ConfluentKafka:
                 acks.append((time.monotonic(), offer.record_bytes))
 
         value = b"o" * offer.record_bytes
-        started = time.monotonic()
-        sent = 0
-        while (due := offer.due(started, sent)) < started + offer.duration_s:
+        for sent, due in enumerate(offer.schedule()):
             while time.monotonic() < due or sent - len(acks) >= offer.backlog:
                 producer.poll(max(due - time.monotonic(), 0.005))
             _produce_waiting_for_room(producer, topic, value, delivered, key=str(sent).encode())
-            sent += 1
         producer.flush(CONSUME_TIMEOUT_S)
         return acks
 
