@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, fields
 from typing import Any, cast
@@ -29,7 +30,8 @@ from quotastream.redis_contract import (
 )
 from state.config import QuotaConfig, parse_quota_config
 from state.configfile import ConfigError
-from state.quota_rules import QuotaRules
+from state.live_config import Mode
+from state.quota_rules import QuotaRules, Resolved
 from state.quota_types import CLIENT_QUOTA_TYPES, QuotaType
 from state.remote_log_view import RemoteLog
 from state.timer_stats import TimerStats
@@ -204,13 +206,28 @@ class QuotaClient:
     def entity_of_client(self, quota: str, user: str, client_id: str, broker: int) -> str:
         """The client's counter under the configuration it is currently resolved with (no
         round trip: :meth:`for_client` follows the live configuration first)."""
+        return self._resolved(quota, user, client_id, broker).entity
+
+    def largest_fetch(self, user: str, client_id: str, broker: int) -> int | None:
+        """The most one fetch response may carry under the client's binding fetch quota, as a
+        broker caps a fetch's ``max_bytes`` (Kafka's ``maxValueInQuotaWindow``: limit x
+        (samples - 1) x window); None: unlimited, or a quota that does not bind. No round trip."""
+        resolved = self._resolved("fetch", user, client_id, broker)
+        if math.isinf(resolved.limit) or resolved.mode is not Mode.ENFORCED:
+            return None
+        rules = self._resolver.rules
+        assert rules is not None
+        window = rules.config.quota_types.of(QuotaType.FETCH)
+        return int(resolved.limit * (window.samples - 1) * window.window_ms / 1000)
+
+    def _resolved(self, quota: str, user: str, client_id: str, broker: int) -> Resolved:
         rules = self._resolver.rules
         if rules is None:
             raise ValueError(
                 "resolving a client's entity needs the quota config: none was given and the "
                 "engine has published none"
             )
-        return rules.client(_client_quota(quota, user, broker), user, client_id, broker).entity
+        return rules.client(_client_quota(quota, user, broker), user, client_id, broker)
 
 
 def _client_quota(quota: str, user: str, broker: int) -> QuotaType:

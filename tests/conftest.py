@@ -101,6 +101,7 @@ STARTED_BY_FIXTURE: Final[Mapping[str, str]] = {
     "tests.test_kafka_oracle.broker": SERVERS,
     "tests.test_outages.secured_redis": SERVERS,
     "tests.test_proxy.scram_broker": SERVERS,
+    "tests.test_proxy.scram_cluster": SERVERS,
     "tests.test_redis_contract.server": SERVERS,
     "tests.test_security.servers": SERVERS,
 }

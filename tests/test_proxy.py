@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+import socket
+import struct
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -28,16 +30,25 @@ import redis
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError
+from kafka.protocol.consumer import FetchRequest
 from pyspark.sql import SparkSession
 
 from quotastream.client import QuotaClient as DecisionClient
+from quotastream.proxy import wire
 from quotastream.proxy.usage import INSTANCE_HEADER
 from quotastream.redis_contract import Decision, decision_key
 from state.config import QuotaConfig, load_quota_config
 from streaming.commands.proxy import RunningProxy
 from streaming.engine.job import start_query
 from streaming.engine.settings import EngineSettings
-from streaming.kafka_broker import KafkaCluster, KafkaNode, ScramUser, Security, start_kafka
+from streaming.kafka_broker import (
+    KafkaCluster,
+    KafkaNode,
+    ScramUser,
+    Security,
+    start_kafka,
+    start_kafka_cluster,
+)
 from streaming.services import LocalService, TlsFiles, free_ports
 from tests.certificates import make_certificates
 from tests.client_libraries import LIBRARIES, Access, Offer
@@ -187,12 +198,25 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
     return make_certificates(tmp_path_factory.mktemp("tls"))
 
 
+SCRAM_USERS = (
+    ScramUser(PROXY_USER, PROXY_PASSWORD),
+    *(ScramUser(name, password) for name, password in USERS.items()),
+)
+
+
 @pytest.fixture(scope="module")
 def scram_broker(tls: TlsFiles) -> Iterator[KafkaNode]:
-    """One node whose only client listener is SASL_SSL with SCRAM-SHA-512 users."""
-    users = (ScramUser(PROXY_USER, PROXY_PASSWORD), *(ScramUser(n, p) for n, p in USERS.items()))
-    with start_kafka(security=Security(tls=tls, scram_users=users)) as broker:
+    """One node whose only client listener is SASL_SSL with SCRAM-SHA-512 users (the raw
+    client of ``tests/kafka_quotas.py`` talks to a single broker)."""
+    with start_kafka(security=Security(tls=tls, scram_users=SCRAM_USERS)) as broker:
         yield broker
+
+
+@pytest.fixture(scope="module")
+def scram_cluster(tls: TlsFiles) -> Iterator[KafkaCluster]:
+    """Three such nodes."""
+    with start_kafka_cluster(3, security=Security(tls=tls, scram_users=SCRAM_USERS)) as cluster:
+        yield cluster
 
 
 def scram_client(tls: TlsFiles) -> dict[str, str]:
@@ -245,15 +269,15 @@ def test_scram_logins_publish_each_users_bytes_exactly_as_the_broker_counts_them
 @pytest.mark.parametrize("library", sorted(LIBRARIES))
 def test_a_client_library_logs_in_with_scram_over_tls_the_proxy_terminates(
     library: str,
-    scram_broker: KafkaNode,
+    scram_cluster: KafkaCluster,
     tls: TlsFiles,
     kafka: KafkaNode,
     redis_server: LocalService,
 ) -> None:
     topic, events = f"scram-tls-{library}", f"usage-scram-tls-{library}"
-    create_topic(scram_broker.address, topic, partitions=1, **scram_client(tls))
+    create_topic(scram_cluster.address, topic, partitions=3, **scram_client(tls))
     settings = proxy_settings(
-        scram_broker.address,
+        scram_cluster.address,
         kafka.address,
         redis_server,
         events,
@@ -270,6 +294,7 @@ def test_a_client_library_logs_in_with_scram_over_tls_the_proxy_terminates(
     assert Counter(consumed) == Counter(values)
     usage = published_usage(kafka.address, events)
     assert set(usage_by(usage, "produce")) == {("bob", f"{library}-tls")}
+    assert {e["broker"] for e in usage if e["kind"] == "produce"} == {1, 2, 3}
     assert ("bob", f"{library}-tls") in usage_by(usage, "fetch")
 
 
@@ -395,3 +420,65 @@ def test_the_engine_holds_a_producer_spread_over_three_brokers_near_its_cluster_
     # Unheld it would achieve 3x. Held, 1.06x on a quiet machine and 1.8x on a loaded one, where
     # the engine's batches, and so its decisions, come later (bench/proxy.py measures it).
     assert 0.5 * QUOTA_BYTES_PER_S < achieved < 2.4 * QUOTA_BYTES_PER_S, achieved
+
+
+def fetch_once(address: tuple[str, int], topic: str, max_bytes: int) -> int:
+    """One Fetch v12 of partition 0 from offset 0 asking for ``max_bytes``, over a raw socket:
+    the record bytes of its response."""
+    wanted = FetchRequest.FetchTopic
+    request = FetchRequest[12](
+        replica_id=-1,
+        max_wait_ms=0,
+        min_bytes=1,
+        max_bytes=max_bytes,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=[
+            wanted(
+                topic=topic,
+                partitions=[
+                    wanted.FetchPartition(
+                        partition=0,
+                        current_leader_epoch=-1,
+                        fetch_offset=0,
+                        last_fetched_epoch=-1,
+                        log_start_offset=-1,
+                        partition_max_bytes=max_bytes,
+                    )
+                ],
+            )
+        ],
+        forgotten_topics_data=[],
+        rack_id="",
+    )
+    request.with_header(correlation_id=1, client_id="greedy")
+    with socket.create_connection(address, timeout=30) as connection:
+        connection.sendall(request.encode(header=True, framed=True))
+        reader = connection.makefile("rb")
+        size = struct.unpack(">i", reader.read(4))[0]
+        payload = memoryview(reader.read(size))
+    response = wire.decode_response(wire.FETCH, 12, payload)
+    return sum(len(p.records or b"") for t in response.responses for p in t.partitions)
+
+
+def test_a_fetch_asks_for_no_more_than_the_clients_fetch_quota_allows_in_its_window(
+    kafka: KafkaNode, redis_server: LocalService, tmp_path: Path
+) -> None:
+    """As a broker caps ``max_bytes`` at limit x (samples - 1) x window: 20 kB/s -> 200 kB."""
+    topic = "capped-fetch"
+    create_topic(kafka.address, topic, partitions=1)
+    LIBRARIES["kafka-python"].produce(
+        Access(kafka.address), topic, [f"{i:04d}".encode() * 2_500 for i in range(300)], "filler"
+    )
+    quotas = tmp_path / "quotas.yaml"
+    quotas.write_text("clients:\n  - user: <default>\n    consumer_byte_rate: 20000\n")
+    base = proxy_settings(kafka.address, kafka.address, redis_server, "usage-capped")
+    settings = EngineSettings.model_validate({**base.model_dump(), "quotas": str(quotas)})
+    uncapped = fetch_once((kafka.host, kafka.port), topic, 50 << 20)
+    with RunningProxy(settings) as proxy:
+        broker = (settings.proxy.client_host, proxy.proxy.node_ports()[1])
+        capped = fetch_once(broker, topic, 50 << 20)
+    assert uncapped > 300 * 10_000  # every record
+    # The broker returns whole batches up to max_bytes (kafka-python's are 16 kB at most).
+    assert 0 < capped <= 200_000 + 16_384

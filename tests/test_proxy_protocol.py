@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.protocol.admin import DescribeClusterResponse
-from kafka.protocol.consumer.fetch import FetchResponse
+from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
 from kafka.protocol.metadata import (
     ApiVersionsRequest,
     ApiVersionsResponse,
@@ -1073,3 +1073,31 @@ def test_batched_messages_fill_each_message_before_starting_the_next() -> None:
     assert [m.events for m in messages] == [3, 3, 3, 1]
     assert [m.bytes for m in messages] == [30, 30, 30, 10]
     assert batched_messages([], max_bytes=100) == []
+
+
+@pytest.mark.parametrize("version", range(3, FetchRequest.max_version + 1))
+def test_a_fetch_requests_max_bytes_is_found_and_rewritten_in_place(version: int) -> None:
+    wanted = FetchRequest.FetchTopic
+    partition = wanted.FetchPartition(partition=0, fetch_offset=7, partition_max_bytes=1 << 20)
+    topic = (
+        wanted(topic_id=uuid.UUID(int=5), partitions=[partition])
+        if version >= 13
+        else wanted(topic="orders", partitions=[partition])
+    )
+    request = FetchRequest[version](
+        replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=52_428_800, topics=[topic]
+    )
+    request.with_header(correlation_id=3, client_id="consumer-ü")
+    frame = bytearray(request.encode(header=True, framed=True))
+    payload = memoryview(frame)[4:]
+    header = wire.read_request_header(payload)
+    offset = wire.fetch_max_bytes_offset(header, payload)
+    assert offset is not None
+    assert wire.read_int32(payload, offset) == 52_428_800
+    wire.write_int32(frame, 4 + offset, 200_000)
+    decoded = FetchRequest.decode(
+        memoryview(frame)[4 + wire.body_offset(header, payload) :], version=version
+    )
+    assert decoded.max_bytes == 200_000
+    assert decoded.max_wait_ms == 500
+    assert decoded.topics[0].partitions[0].fetch_offset == 7

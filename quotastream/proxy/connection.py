@@ -241,6 +241,8 @@ class Connection:
         elif api == wire.PRODUCE:
             self._record(PRODUCE, client_id, len(payload))
             expects_response = wire.produce_acks(header, payload) != 0
+        elif api == wire.FETCH:
+            frame = self._capped_fetch(frame, header, client_id)
         if expects_response:
             self._in_flight.append(
                 _InFlight(api, header.api_version, header.correlation_id, client_id)
@@ -253,6 +255,23 @@ class Connection:
             if hold_ms > 0:
                 self._throttled = True
                 self._mute(hold_ms)
+
+    def _capped_fetch(
+        self, frame: memoryview, header: wire.RequestHeader, client_id: str
+    ) -> memoryview:
+        """A Fetch request whose ``max_bytes`` is at most what the client's fetch quota allows
+        in its window, as a broker caps it: a greedy consumer's first fetch would otherwise
+        take many windows' worth at once, and be held for as long."""
+        if self.node_id is None:
+            return frame
+        key = (FETCH, self.identity.user, client_id, self.node_id)
+        largest = self._context.holds.largest_fetch(key)
+        offset = wire.fetch_max_bytes_offset(header, frame[4:])
+        if largest is None or offset is None or wire.read_int32(frame[4:], offset) <= largest:
+            return frame
+        capped = bytearray(frame)
+        wire.write_int32(capped, 4 + offset, max(largest, 1))
+        return memoryview(capped)
 
     def _record(self, kind: str, client_id: str, nbytes: int) -> None:
         if self.node_id is not None:

@@ -46,6 +46,7 @@ class Holds:
         self._idle_s = idle_ms / 1000
         self._clock = clock
         self._until: dict[ClientKey, float] = {}
+        self._largest_fetch: dict[ClientKey, int | None] = {}
         self._seen: dict[ClientKey, float] = {}
         self._wake = threading.Event()
         self._stopped = threading.Event()
@@ -70,6 +71,14 @@ class Holds:
             return 0
         return int((until - now) * 1000) + 1  # never release a millisecond early
 
+    def largest_fetch(self, key: ClientKey) -> int | None:
+        """The most a fetch of the client may return (its fetch quota's window, as a broker caps
+        ``max_bytes``); None: uncapped. Resolved locally, without Redis, at first sight, and
+        again on each refresh pass (the live configuration may have changed it)."""
+        if key not in self._largest_fetch:
+            self._largest_fetch[key] = self._decisions.client.largest_fetch(*key[1:])
+        return self._largest_fetch[key]
+
     def refresh(self) -> None:
         """Looks up every client seen within ``idle_ms`` (one pass of the refresh thread)."""
         now = self._clock()
@@ -77,8 +86,11 @@ class Holds:
             if now - seen > self._idle_s:
                 del self._seen[key]
                 self._until.pop(key, None)
+                self._largest_fetch.pop(key, None)
                 continue
             answer = self._decisions.for_client(*key)
+            if key in self._largest_fetch:  # resolved with the configuration just followed
+                self._largest_fetch[key] = self._decisions.client.largest_fetch(*key[1:])
             if answer.source is Source.FAIL_CLOSED and self._until.get(key, 0.0) > now:
                 continue  # a policy hold runs its course: re-read, it would never end
             if answer.throttle_ms > 0:

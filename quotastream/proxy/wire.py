@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from kafka.protocol.admin import DescribeClusterResponse
 from kafka.protocol.api_key import ApiKey
-from kafka.protocol.consumer.fetch import FetchResponse
+from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
 from kafka.protocol.metadata import (
     ApiVersionsRequest,
     ApiVersionsResponse,
@@ -51,6 +51,7 @@ UNSUPPORTED_VERSION: Final = 35
 #: Their versions are capped at what these codecs know (``routing.advertised_versions``).
 REQUESTS: Final[dict[int, Any]] = {
     PRODUCE: ProduceRequest,
+    FETCH: FetchRequest,
     SASL_HANDSHAKE: SaslHandshakeRequest,
     SASL_AUTHENTICATE: SaslAuthenticateRequest,
     API_VERSIONS: ApiVersionsRequest,
@@ -179,6 +180,17 @@ def produce_acks(header: RequestHeader, payload: memoryview) -> int:
         raise MalformedFrameError("a Produce request ends before its acks")
     acks: int = _INT16.unpack_from(payload, offset)[0]
     return acks
+
+
+def fetch_max_bytes_offset(header: RequestHeader, payload: memoryview) -> int | None:
+    """Where a Fetch request's ``max_bytes`` sits (v3+: after ``replica_id`` (v0-14),
+    ``max_wait_ms`` and ``min_bytes``); None before v3, which has none."""
+    if header.api_version < 3:
+        return None
+    offset = body_offset(header, payload) + (12 if header.api_version < 15 else 8)
+    if offset + 4 > len(payload):
+        raise MalformedFrameError("a Fetch request ends before its max_bytes")
+    return offset
 
 
 def decode_request(header: RequestHeader, payload: memoryview) -> Any:
