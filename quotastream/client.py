@@ -208,17 +208,20 @@ class QuotaClient:
         round trip: :meth:`for_client` follows the live configuration first)."""
         return self._resolved(quota, user, client_id, broker).entity
 
-    def largest_fetch(self, user: str, client_id: str, broker: int) -> int | None:
+    def largest_fetch(self, user: str, client_id: str, broker: int, brokers: int) -> int | None:
         """The most one fetch response may carry under the client's binding fetch quota, as a
         broker caps a fetch's ``max_bytes`` (Kafka's ``maxValueInQuotaWindow``: limit x
-        (samples - 1) x window); None: unlimited, or a quota that does not bind. No round trip."""
+        (samples - 1) x window); a cluster-wide quota's window is shared by the ``brokers``
+        a consumer fetches from at once. None: unlimited, or a quota that does not bind. No
+        round trip."""
         resolved = self._resolved("fetch", user, client_id, broker)
         if math.isinf(resolved.limit) or resolved.mode is not Mode.ENFORCED:
             return None
         rules = self._resolver.rules
         assert rules is not None
         window = rules.config.quota_types.of(QuotaType.FETCH)
-        return int(resolved.limit * (window.samples - 1) * window.window_ms / 1000)
+        shared_by = max(brokers, 1) if window.scope == "cluster" else 1
+        return int(resolved.limit * (window.samples - 1) * window.window_ms / 1000 / shared_by)
 
     def _resolved(self, quota: str, user: str, client_id: str, broker: int) -> Resolved:
         rules = self._resolver.rules

@@ -107,6 +107,18 @@ class Offer:
             yield due
             due = max(due + self.record_bytes / self.bytes_per_s, time.monotonic() - 1.0)
 
+    def read_pace(self) -> Callable[[int], float]:
+        """For a consumer offered this rate: given the bytes read so far, when it may read on
+        (it never lags more than a second behind, as :meth:`schedule`)."""
+        started = time.monotonic()
+
+        def due(read: int) -> float:
+            nonlocal started
+            started = max(started, time.monotonic() - 1.0 - read / self.bytes_per_s)
+            return started + read / self.bytes_per_s
+
+        return due
+
     @property
     def backlog(self) -> int:
         """Records sent and not yet acknowledged that the producer keeps at most: a second of
@@ -128,9 +140,9 @@ class ClientLibrary(Protocol):
         each acknowledgement timed."""
         ...
 
-    def read_for(self, access: Access, topic: str, client_id: str, duration_s: float) -> Acks:
-        """A consumer (no group: all partitions from the start) reading as fast as it may for
-        ``duration_s``, each record timed as it arrives."""
+    def read_for(self, access: Access, topic: str, client_id: str, offer: Offer) -> Acks:
+        """A consumer (no group: every partition from the start) reading at the offered rate at
+        most, for its duration, each record timed as it arrives."""
         ...
 
     def consume(
@@ -167,7 +179,7 @@ class KafkaPython:
             producer.close()
         return acks
 
-    def read_for(self, access: Access, topic: str, client_id: str, duration_s: float) -> Acks:
+    def read_for(self, access: Access, topic: str, client_id: str, offer: Offer) -> Acks:
         consumer = kafka.KafkaConsumer(
             client_id=client_id, auto_offset_reset="earliest", **access.kafka_python()
         )
@@ -175,12 +187,16 @@ class KafkaPython:
         partitions = consumer.partitions_for_topic(topic) or set()
         consumer.assign([kafka.TopicPartition(topic, p) for p in partitions])
         received: Acks = []
-        deadline = time.monotonic() + duration_s
+        pace = offer.read_pace()
+        read = 0
+        deadline = time.monotonic() + offer.duration_s
         try:
             while time.monotonic() < deadline:
-                for records in consumer.poll(timeout_ms=200).values():
+                _pace(min(pace(read), deadline))
+                for records in consumer.poll(timeout_ms=200, max_records=100).values():
                     now = time.monotonic()
                     received.extend((now, len(record.value)) for record in records)
+                    read += sum(len(record.value) for record in records)
         finally:
             consumer.close()
         return received
@@ -250,20 +266,25 @@ class AioKafka:
 
         return asyncio.run(run())
 
-    def read_for(self, access: Access, topic: str, client_id: str, duration_s: float) -> Acks:
+    def read_for(self, access: Access, topic: str, client_id: str, offer: Offer) -> Acks:
         async def run() -> Acks:
             consumer = aiokafka.AIOKafkaConsumer(
                 topic, client_id=client_id, auto_offset_reset="earliest", **access.aiokafka()
             )
             await consumer.start()
             received: Acks = []
-            deadline = time.monotonic() + duration_s
+            pace = offer.read_pace()
+            read = 0
+            deadline = time.monotonic() + offer.duration_s
             try:
                 while time.monotonic() < deadline:
-                    batches = await consumer.getmany(timeout_ms=200)
+                    await asyncio.sleep(max(min(pace(read), deadline) - time.monotonic(), 0))
+                    batches = await consumer.getmany(timeout_ms=200, max_records=100)
                     now = time.monotonic()
                     for records in batches.values():
-                        received.extend((now, len(record.value or b"")) for record in records)
+                        sizes = [len(record.value or b"") for record in records]
+                        received.extend((now, size) for size in sizes)
+                        read += sum(sizes)
             finally:
                 await consumer.stop()
             return received
@@ -334,7 +355,7 @@ class ConfluentKafka:
         producer.flush(CONSUME_TIMEOUT_S)
         return acks
 
-    def read_for(self, access: Access, topic: str, client_id: str, duration_s: float) -> Acks:
+    def read_for(self, access: Access, topic: str, client_id: str, offer: Offer) -> Acks:
         consumer = confluent_kafka.Consumer(
             {
                 **access.librdkafka(),
@@ -343,16 +364,23 @@ class ConfluentKafka:
                 "client.id": client_id,
                 "auto.offset.reset": "earliest",
                 "enable.auto.commit": False,
+                # Its prefetch queue (64 MB by default) would read far ahead of the pace.
+                "queued.max.messages.kbytes": max(int(offer.bytes_per_s / 1024), 1),
             }
         )
         consumer.subscribe([topic])
         received: Acks = []
-        deadline = time.monotonic() + duration_s
+        pace = offer.read_pace()
+        read = 0
+        deadline = time.monotonic() + offer.duration_s
         try:
             while time.monotonic() < deadline:
-                for message in consumer.consume(num_messages=1000, timeout=0.2):
+                _pace(min(pace(read), deadline))
+                for message in consumer.consume(num_messages=100, timeout=0.2):
                     if message.error() is None:
-                        received.append((time.monotonic(), len(message.value() or b"")))
+                        size = len(message.value() or b"")
+                        received.append((time.monotonic(), size))
+                        read += size
         finally:
             consumer.close()
         return received

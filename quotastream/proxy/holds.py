@@ -45,12 +45,18 @@ class Holds:
         self._refresh_s = refresh_ms / 1000
         self._idle_s = idle_ms / 1000
         self._clock = clock
+        #: How many brokers clients fetch from (a cluster-wide fetch quota's window is shared).
+        self._brokers: Callable[[], int] = lambda: 1
         self._until: dict[ClientKey, float] = {}
         self._largest_fetch: dict[ClientKey, int | None] = {}
         self._seen: dict[ClientKey, float] = {}
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="decision-refresh", daemon=True)
+
+    def count_brokers_with(self, brokers: Callable[[], int]) -> None:
+        """How to count the brokers a consumer may fetch from at once (the proxy's routes)."""
+        self._brokers = brokers
 
     def start(self) -> None:
         self._thread.start()
@@ -76,8 +82,11 @@ class Holds:
         ``max_bytes``); None: uncapped. Resolved locally, without Redis, at first sight, and
         again on each refresh pass (the live configuration may have changed it)."""
         if key not in self._largest_fetch:
-            self._largest_fetch[key] = self._decisions.client.largest_fetch(*key[1:])
+            self._largest_fetch[key] = self._fetch_cap(key)
         return self._largest_fetch[key]
+
+    def _fetch_cap(self, key: ClientKey) -> int | None:
+        return self._decisions.client.largest_fetch(*key[1:], brokers=self._brokers())
 
     def refresh(self) -> None:
         """Looks up every client seen within ``idle_ms`` (one pass of the refresh thread)."""
@@ -90,7 +99,7 @@ class Holds:
                 continue
             answer = self._decisions.for_client(*key)
             if key in self._largest_fetch:  # resolved with the configuration just followed
-                self._largest_fetch[key] = self._decisions.client.largest_fetch(*key[1:])
+                self._largest_fetch[key] = self._fetch_cap(key)
             if answer.source is Source.FAIL_CLOSED and self._until.get(key, 0.0) > now:
                 continue  # a policy hold runs its course: re-read, it would never end
             if answer.throttle_ms > 0:

@@ -146,6 +146,7 @@ class Proxy:
         self._publisher = publisher
         self._holds = holds
         self.routes = Routes(settings.client_host, settings.node_port_base, self._brokers_changed)
+        holds.count_brokers_with(lambda: len(self.routes.brokers))
         usage = UsageSums(windows_ms, settings.max_pending_sums, metrics.dropped)
         self.context = ProxyContext(
             settings,
