@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 import pytest
+import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.protocol.admin import DescribeClusterResponse
@@ -31,6 +32,7 @@ from kafka.protocol.sasl import (
     SaslHandshakeRequest,
 )
 
+from quotastream.client import QuotaClient
 from quotastream.proxy import wire
 from quotastream.proxy.connection import FrameReader
 from quotastream.proxy.identity import (
@@ -42,6 +44,7 @@ from quotastream.proxy.identity import (
 )
 from quotastream.proxy.routing import Address, Routes, advertised_versions, parse_addresses
 from quotastream.proxy.usage import FETCH, PRODUCE, UsageEvent, UsageSums, batched_messages
+from state.config import parse_quota_config
 
 ADVERTISED = "proxy.example.com"
 PORT_BASE = 19_000
@@ -1101,3 +1104,29 @@ def test_a_fetch_requests_max_bytes_is_found_and_rewritten_in_place(version: int
     assert decoded.max_bytes == 200_000
     assert decoded.max_wait_ms == 500
     assert decoded.topics[0].partitions[0].fetch_offset == 7
+
+
+@pytest.mark.parametrize(
+    ("fetch", "brokers", "largest"),
+    [
+        ({}, 3, 10 * 1_000_000),  # per broker: limit x (11 - 1) x 1 s, whatever the brokers
+        ({"scope": "cluster"}, 4, 10 * 1_000_000 // 4),  # one window for the whole cluster
+        ({"samples": 5, "window_ms": 2000}, 1, 4 * 2 * 1_000_000),
+    ],
+)
+def test_the_largest_fetch_is_the_clients_fetch_quota_window(
+    fetch: dict[str, Any], brokers: int, largest: int
+) -> None:
+    config = parse_quota_config(
+        {
+            "quota_types": {"fetch": fetch},
+            "clients": [
+                {"user": "<default>", "consumer_byte_rate": 1_000_000},
+                {"user": "free", "exempt": True},
+            ],
+        },
+        "test",
+    )
+    client = QuotaClient(redis.Redis(), config=config)  # resolved locally: never connected
+    assert client.largest_fetch("alice", "app", 1, brokers) == largest
+    assert client.largest_fetch("free", "app", 1, brokers) is None  # exempt: never held
