@@ -83,8 +83,11 @@ class LocalService:
 
     def pause(self) -> None:
         """Stops the server without ending it (SIGSTOP): connections stay open and nothing
-        answers, as with a hung broker; an in-memory log is kept for :meth:`resume`."""
+        answers, as with a hung broker; an in-memory log is kept for :meth:`resume`. Returns
+        once every thread of it is stopped: the signal is delivered asynchronously, and a busy
+        machine's JVM could otherwise still answer a request sent right after."""
         self.process.send_signal(signal.SIGSTOP)
+        _wait_until_stopped(self.process.pid)
 
     def resume(self) -> None:
         self.process.send_signal(signal.SIGCONT)
@@ -99,6 +102,24 @@ class LocalService:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _wait_until_stopped(pid: int, timeout_s: float = 10.0) -> None:
+    """Until every thread of ``pid`` is stopped (Linux: ``T`` in ``/proc/PID/task/*/stat``)."""
+    tasks = Path(f"/proc/{pid}/task")
+    if not tasks.is_dir():
+        return  # no procfs: the signal is all there is to wait for
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = []
+        for stat in tasks.glob("*/stat"):
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                states.append(stat.read_text().rpartition(")")[2].split()[0])
+        if all(state in "Tt" for state in states):
+            return
+        if time.monotonic() > deadline:
+            raise ServiceError(f"process {pid} did not stop within {timeout_s:g} s of SIGSTOP")
+        time.sleep(0.001)
 
 
 def free_port() -> int:
