@@ -263,6 +263,39 @@ def record_batch(value_bytes: int) -> bytes:
     return batch
 
 
+def fetch_request(topic: str, offset: int, partition_max_bytes: int, max_bytes: int) -> Any:
+    """A Fetch v12 of partition 0 from ``offset`` without a fetch session (each fetch names its
+    partition in full), not waiting for data."""
+    wanted = FetchRequest.FetchTopic
+    return FetchRequest(
+        replica_id=-1,
+        max_wait_ms=0,
+        min_bytes=1,
+        max_bytes=max_bytes,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=[
+            wanted(
+                topic=topic,
+                partitions=[
+                    wanted.FetchPartition(
+                        partition=0,
+                        current_leader_epoch=-1,
+                        fetch_offset=offset,
+                        last_fetched_epoch=-1,
+                        log_start_offset=-1,
+                        partition_max_bytes=partition_max_bytes,
+                    )
+                ],
+            )
+        ],
+        forgotten_topics_data=[],
+        rack_id="",
+        max_version=12,
+    )
+
+
 @dataclass(frozen=True)
 class Exchange:
     """One request and its response, as the client saw them (times: wall clock, epoch ms)."""
@@ -345,34 +378,7 @@ class QuotaClient:
         )
 
     def fetch(self, topic: str, offset: int) -> Exchange:
-        wanted = FetchRequest.FetchTopic
-        request = FetchRequest(
-            replica_id=-1,
-            max_wait_ms=0,
-            min_bytes=1,
-            max_bytes=1 << 20,
-            isolation_level=0,
-            session_id=0,
-            session_epoch=-1,  # no fetch session: each fetch names its partition in full
-            topics=[
-                wanted(
-                    topic=topic,
-                    partitions=[
-                        wanted.FetchPartition(
-                            partition=0,
-                            current_leader_epoch=-1,
-                            fetch_offset=offset,
-                            last_fetched_epoch=-1,
-                            log_start_offset=-1,
-                            partition_max_bytes=1,
-                        )
-                    ],
-                )
-            ],
-            forgotten_topics_data=[],
-            rack_id="",
-            max_version=12,
-        )
+        request = fetch_request(topic, offset, partition_max_bytes=1, max_bytes=1 << 20)
         sent, response, received = self._exchange(request)
         if response.error_code:
             raise kafka.errors.for_code(response.error_code)(f"fetch from {topic}")

@@ -30,7 +30,6 @@ import redis
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError
-from kafka.protocol.consumer import FetchRequest
 from pyspark.sql import SparkSession
 
 from quotastream.client import QuotaClient as DecisionClient
@@ -52,7 +51,7 @@ from streaming.kafka_broker import (
 from streaming.services import LocalService, TlsFiles, free_ports
 from tests.certificates import make_certificates
 from tests.client_libraries import LIBRARIES, Access, Offer
-from tests.kafka_quotas import Exchange, QuotaClient
+from tests.kafka_quotas import Exchange, QuotaClient, fetch_request
 from tests.servers import wait_until_in_sync
 from tests.test_broker_faults import wait_until_read
 from tests.test_streaming import engine_settings, publish
@@ -425,33 +424,8 @@ def test_the_engine_holds_a_producer_spread_over_three_brokers_near_its_cluster_
 def fetch_once(address: tuple[str, int], topic: str, max_bytes: int) -> int:
     """One Fetch v12 of partition 0 from offset 0 asking for ``max_bytes``, over a raw socket:
     the record bytes of its response."""
-    wanted = FetchRequest.FetchTopic
-    request = FetchRequest[12](
-        replica_id=-1,
-        max_wait_ms=0,
-        min_bytes=1,
-        max_bytes=max_bytes,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=[
-            wanted(
-                topic=topic,
-                partitions=[
-                    wanted.FetchPartition(
-                        partition=0,
-                        current_leader_epoch=-1,
-                        fetch_offset=0,
-                        last_fetched_epoch=-1,
-                        log_start_offset=-1,
-                        partition_max_bytes=max_bytes,
-                    )
-                ],
-            )
-        ],
-        forgotten_topics_data=[],
-        rack_id="",
-    )
+    request = fetch_request(topic, 0, partition_max_bytes=max_bytes, max_bytes=max_bytes)
+    request.API_VERSION = 12
     request.with_header(correlation_id=1, client_id="greedy")
     with socket.create_connection(address, timeout=30) as connection:
         connection.sendall(request.encode(header=True, framed=True))
