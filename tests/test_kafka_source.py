@@ -9,8 +9,10 @@ import uuid
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.errors import KafkaTimeoutError
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
+from streaming.engine.kafka_clients import end_offsets, new_consumer
 from streaming.engine.kafka_source import DataLossError, KafkaStreamReader
 from streaming.engine.offsets import SourceOptions
 from streaming.kafka_broker import KafkaNode
@@ -199,6 +201,25 @@ def test_a_partition_missing_from_the_metadata_is_gone_only_at_two_triggers_in_a
     ):
         source.latestOffset(first, ReadAllAvailable())
     source.stop()
+
+
+def test_asking_for_a_topic_the_broker_lacks_does_not_create_it(broker: LocalService) -> None:
+    """The broker creates a topic a Metadata request names unless the request says not to
+    (``auto.create.topics.enable`` is on by default): the source's consumers asking for their
+    topic after a broker restarted empty got it back with the broker's default partition count
+    (one), and the operator's topic of three could not be created."""
+    topic = f"lacking-{uuid.uuid4().hex[:8]}"
+    consumer = new_consumer(broker.address, {}, request_timeout_ms=2_000)
+    # kafka-python waits out the timeout for a partition the broker does not know; had the
+    # topic been created, its end offset (0) would be the answer.
+    with pytest.raises(KafkaTimeoutError):
+        end_offsets(consumer, [TopicPartition(topic, 0)], timeout_ms=2_000)
+    consumer.close()
+    admin = KafkaAdminClient(bootstrap_servers=broker.address)
+    try:
+        assert topic not in admin.list_topics()
+    finally:
+        admin.close()
 
 
 def test_max_offsets_per_trigger_is_the_default_read_limit(broker: LocalService) -> None:

@@ -100,7 +100,21 @@ def new_consumer(
         "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
         **client,
     }
-    return KafkaConsumer(**settings)
+    consumer = KafkaConsumer(**settings)
+    _ask_metadata_as_configured(consumer, settings["allow_auto_create_topics"])
+    return consumer
+
+
+def _ask_metadata_as_configured(consumer: KafkaConsumer, allow_auto_create_topics: bool) -> None:
+    """kafka-python 3.0.12 builds the consumer's cluster metadata without its
+    ``allow_auto_create_topics``, so every Metadata request asked the broker to create the
+    topics it names: a broker restarted empty got the events topic back with one partition
+    from the engine's own source. The setting is handed on here; a kafka-python whose metadata
+    no longer has it fails loudly rather than creating topics again."""
+    metadata_config = consumer._client.cluster.config
+    if "allow_auto_create_topics" not in metadata_config:
+        raise RuntimeError("kafka-python's cluster metadata has no allow_auto_create_topics")
+    metadata_config["allow_auto_create_topics"] = allow_auto_create_topics
 
 
 def end_offsets(
