@@ -12,6 +12,7 @@ The core computes with ``inf``; the decision rows it emits carry a null limit.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TypeVar
 
@@ -109,6 +110,26 @@ class Decision(msgspec.Struct, frozen=True):
     def throttle_ms_now(self, now_ms: int | None = None) -> int:
         """:meth:`throttle_ms_at` the wall clock (or ``now_ms``)."""
         return self.throttle_ms_at(int(time.time() * 1000) if now_ms is None else now_ms)
+
+    def until_with(self, unseen_bytes: int) -> int:
+        """When the throttle ends had the engine also counted ``unseen_bytes`` recorded after
+        ``decided_at``: Kafka's throttle of the window's bytes (``rate`` x ``window_ms``) plus
+        those, ``window_ms x (bytes / window_ms - limit) / limit``, from ``decided_at``. Each
+        byte adds ``1 / limit`` seconds, so an enforcement point that counts what it forwarded
+        since holds a client for its own bytes without waiting for the next decision. With no
+        unseen bytes it is ``until``; it never ends a throttle early; a decision that does not
+        bind, is unlimited or was released before its ``until`` (an operator's release)
+        holds nobody."""
+        if (
+            not self.enforced
+            or self.limit is None
+            or self.limit <= 0
+            or (self.released_at is not None and self.released_at < self.until)
+        ):
+            return self.decided_at
+        window_bytes = self.rate * self.window_ms / 1000
+        over_ms = (window_bytes + unseen_bytes) / self.limit * 1000 - self.window_ms
+        return max(self.until, self.decided_at + math.ceil(over_ms))
 
     @property
     def utilisation(self) -> float | None:

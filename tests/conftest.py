@@ -55,6 +55,7 @@ LAYERS: Final[Mapping[str, str]] = {
     "test_agent_live_config.py": "agent",
     "test_outage_clock.py": "agent",
     "test_proxy_protocol.py": "agent",
+    "test_proxy_holds.py": "agent",
     "test_redis_contract.py": "agent",
     "test_admin_cli.py": "admin",
     "test_cli.py": "admin",

@@ -182,9 +182,9 @@ def await_partition(client: KafkaNetClient, topic: str, timeout_s: float = 15.0)
         client.poll(timeout_ms=20)
 
 
-def alter_client_quotas(client: KafkaNetClient, quotas: Quotas) -> None:
-    """Sets ``quotas`` (AlterClientQuotas); raises :class:`ClientQuotaError` naming each entity
-    the broker refused and its error."""
+def alter_client_quotas(client: KafkaNetClient, quotas: Quotas, node: int | None = None) -> None:
+    """Sets ``quotas`` (AlterClientQuotas, through ``node``: the one broker by default); raises
+    :class:`ClientQuotaError` naming each entity the broker refused and its error."""
     entry = AlterClientQuotasRequest.EntryData
     request = AlterClientQuotasRequest(
         entries=[
@@ -202,7 +202,7 @@ def alter_client_quotas(client: KafkaNetClient, quotas: Quotas) -> None:
         ],
         validate_only=False,
     )
-    response = client.send_and_receive(node_of(client), request)
+    response = client.send_and_receive(node_of(client) if node is None else node, request)
     refused = [
         f"{QuotaEntity.from_wire(_parts(result.entity))}: "
         f"{kafka.errors.for_code(result.error_code).__name__} ({result.error_message})"
@@ -213,9 +213,13 @@ def alter_client_quotas(client: KafkaNetClient, quotas: Quotas) -> None:
         raise ClientQuotaError(f"AlterClientQuotas refused {'; '.join(refused)}")
 
 
-def describe_client_quotas(client: KafkaNetClient) -> dict[QuotaEntity, dict[str, float]]:
-    """Every user and client-id quota the broker has (DescribeClientQuotas: each entity that
-    names a user or a client-id, by name or as the default)."""
+def describe_client_quotas(
+    client: KafkaNetClient, node: int | None = None
+) -> dict[QuotaEntity, dict[str, float]]:
+    """Every user and client-id quota the broker (``node``: the one by default) has
+    (DescribeClientQuotas: each entity that names a user or a client-id, by name or as the
+    default)."""
+    node = node_of(client) if node is None else node
     described: dict[QuotaEntity, dict[str, float]] = {}
     component = DescribeClientQuotasRequest.ComponentData
     # A filter of one component matches the entities that have that part (strict=False: and any
@@ -224,7 +228,7 @@ def describe_client_quotas(client: KafkaNetClient) -> dict[QuotaEntity, dict[str
         for match_type in (_MATCH_DEFAULT, _MATCH_SPECIFIED):
             components = [component(entity_type=kind, match_type=match_type, match=None)]
             request = DescribeClientQuotasRequest(components=components, strict=False)
-            response = client.send_and_receive(node_of(client), request)
+            response = client.send_and_receive(node, request)
             if response.error_code:
                 error = kafka.errors.for_code(response.error_code).__name__
                 raise ClientQuotaError(
@@ -237,12 +241,15 @@ def describe_client_quotas(client: KafkaNetClient) -> dict[QuotaEntity, dict[str
     return described
 
 
-def await_client_quotas(client: KafkaNetClient, quotas: Quotas, timeout_s: float = 15.0) -> None:
-    """Returns once the broker describes exactly ``quotas``: AlterClientQuotas answers when the
-    controller has committed them; the broker applies them when its metadata catches up."""
+def await_client_quotas(
+    client: KafkaNetClient, quotas: Quotas, timeout_s: float = 15.0, node: int | None = None
+) -> None:
+    """Returns once the broker (``node``: the one by default) describes exactly ``quotas``:
+    AlterClientQuotas answers when the controller has committed them; each broker applies them
+    when its metadata catches up."""
     expected = {entity: dict(values) for entity, values in quotas.items()}
     deadline = time.monotonic() + timeout_s
-    while (described := describe_client_quotas(client)) != expected:
+    while (described := describe_client_quotas(client, node)) != expected:
         if time.monotonic() > deadline:
             raise ClientQuotaError(
                 f"the broker describes {described} {timeout_s} s after setting {expected}"

@@ -26,7 +26,6 @@ from typing import Any
 
 import msgspec
 import pytest
-import redis
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError
@@ -35,7 +34,7 @@ from pyspark.sql import SparkSession
 from quotastream.client import QuotaClient as DecisionClient
 from quotastream.proxy import wire
 from quotastream.proxy.usage import INSTANCE_HEADER
-from quotastream.redis_contract import Decision, decision_key
+from quotastream.redis_contract import Decision
 from state.config import QuotaConfig, load_quota_config
 from streaming.commands.proxy import RunningProxy
 from streaming.engine.job import start_query
@@ -54,6 +53,7 @@ from tests.client_libraries import LIBRARIES, Access, Offer
 from tests.kafka_quotas import Exchange, QuotaClient, fetch_request
 from tests.servers import wait_until_in_sync
 from tests.test_broker_faults import wait_until_read
+from tests.test_proxy_holds import write_decision
 from tests.test_streaming import engine_settings, publish
 
 QUOTAS = Path(__file__).resolve().parents[1] / "conf" / "quotas.yaml"
@@ -319,9 +319,7 @@ def hold(
         window_ms=1000,
         decided_at=now,
     )
-    redis.Redis(redis_server.host, redis_server.port).set(
-        decision_key(prefix, "produce", entity), msgspec.json.encode(decision)
-    )
+    write_decision(redis_server, prefix, decision)
 
 
 def await_hold(proxy: RunningProxy, key: tuple[str, str, str, int]) -> None:

@@ -467,6 +467,31 @@ def test_the_throttle_and_node_endpoints_are_found_in_place(
     assert after == before
 
 
+@pytest.mark.parametrize("version", range(1, FetchResponse.max_version + 1))
+def test_a_fetch_over_its_quota_is_answered_empty_with_the_brokers_error_and_session(
+    version: int,
+) -> None:
+    """As a broker answers a fetch over its quota: no partitions, the throttle, and (v7+) the
+    error code and fetch session id the broker answered with, so the client's session goes on."""
+    message = busy_response(wire.FETCH, version, [(1, "upstream-1", 9092)])
+    if version >= 7:
+        message.error_code, message.session_id = 70, 4242
+    payload = payload_of(response_frame(message))
+    found = wire.throttled_response(wire.FETCH, version, payload)
+    assert found.throttle_offset is not None
+    emptied = wire.emptied_fetch_response(
+        version, CORRELATION_ID, payload, found.throttle_offset, 1234
+    )
+    answer = payload_of(emptied)
+    assert wire.read_int32(answer, 0) == CORRELATION_ID
+    decoded = wire.decode_response(wire.FETCH, version, answer)
+    assert (decoded.throttle_time_ms, decoded.responses) == (1234, [])
+    if version >= 7:
+        assert (decoded.error_code, decoded.session_id) == (70, 4242)
+    if version >= 16:
+        assert decoded.node_endpoints == []
+
+
 def test_version_0_responses_carry_no_throttle() -> None:
     for api_key in (wire.FETCH, wire.PRODUCE):
         payload = payload_of(response_frame(busy_response(api_key, 0, [])))

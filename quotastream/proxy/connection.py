@@ -274,15 +274,19 @@ class Connection:
         return memoryview(capped)
 
     def _record(self, kind: str, client_id: str, nbytes: int) -> None:
+        """Counts bytes as the broker does: published as usage, and held for (``Holds``)."""
         if self.node_id is not None:
+            now_ms = int(time.time() * 1000)
             self._context.usage.record(
                 kind=kind,
                 user=self.identity.user,
                 client_id=client_id,
                 broker=self.node_id,
                 nbytes=nbytes,
-                now_ms=int(time.time() * 1000),
+                now_ms=now_ms,
             )
+            key = (kind, self.identity.user, client_id, self.node_id)
+            self._context.holds.forwarded.record(key, nbytes, now_ms)
 
     # --- responses ---------------------------------------------------------------------------
 
@@ -344,15 +348,26 @@ class Connection:
         payload = frame[4:]
         api, version = request.api_key, request.api_version
         hold_ms = 0
+        key = None
         if self.node_id is not None:
-            hold_ms = self._context.holds.remaining_ms(
-                (_KIND[api], self.identity.user, request.client_id, self.node_id)
-            )
+            key = (_KIND[api], self.identity.user, request.client_id, self.node_id)
+            hold_ms = self._context.holds.remaining_ms(key)
         found = wire.throttled_response(api, version, payload)
-        if found.tagged:  # NodeEndpoints (a leader moved): rare, decoded and rewritten
-            return self._with_endpoints_rewritten(request, frame, hold_ms)
         offset = found.throttle_offset
         throttle_ms = 0 if offset is None else wire.read_int32(payload, offset)
+        if api == wire.FETCH and offset is not None and key is not None:
+            counted = len(payload) - wire.response_header_size(api, version, payload) + 4
+            over_ms = self._context.holds.over_quota_with(key, counted)
+            if over_ms > 0:  # as a broker answers a fetch over its quota: empty, un-recorded
+                throttle_ms = max(throttle_ms, over_ms)
+                self._context.metrics.throttled_responses.labels(wire.api_name(api)).inc()
+                self._context.metrics.emptied_fetches.inc()
+                emptied = wire.emptied_fetch_response(
+                    version, request.correlation_id, payload, offset, throttle_ms
+                )
+                return emptied, throttle_ms
+        if found.tagged:  # NodeEndpoints (a leader moved): rare, decoded and rewritten
+            return self._with_endpoints_rewritten(request, frame, hold_ms)
         if api == wire.FETCH:
             header_size = wire.response_header_size(api, version, payload)
             self._record(FETCH, request.client_id, len(payload) - header_size + 4)

@@ -46,6 +46,11 @@ class ProxyMetrics:
             ["api"],
             registry=registry,
         )
+        self.emptied_fetches = Counter(
+            "quotastream_proxy_emptied_fetches",
+            "Fetch responses over the client's quota, answered empty as a broker answers them",
+            registry=registry,
+        )
         self.held_seconds = Counter(
             "quotastream_proxy_held_seconds",
             "Time client connections were muted by a throttle (the broker's or the engine's)",

@@ -331,6 +331,26 @@ def _ending(data: memoryview, offset: int, throttle_offset: int | None = None) -
     return ThrottledResponse(throttle_offset, tagged=count > 0)
 
 
+def emptied_fetch_response(
+    api_version: int,
+    correlation_id: int,
+    payload: memoryview,
+    throttle_offset: int,
+    throttle_ms: int,
+) -> bytes:
+    """The empty twin of a Fetch response, as a broker answers a fetch over its quota
+    (``KafkaApis.handleFetchRequest``: no partitions, ``throttle_time_ms`` set, its bytes
+    un-recorded). The broker's error code and fetch session id (v7+) are kept, so the client's
+    fetch session goes on as the broker has it; the records are never decoded."""
+    version = decoded_response_version(FETCH, api_version)
+    fields: dict[str, object] = {"throttle_time_ms": throttle_ms, "responses": []}
+    if version >= 7:
+        fields["error_code"] = _INT16.unpack_from(payload, throttle_offset + 4)[0]
+        fields["session_id"] = read_int32(payload, throttle_offset + 6)
+    message = RESPONSES[FETCH](version=version, **fields)
+    return encode_response(FETCH, api_version, correlation_id, message)
+
+
 def read_int32(payload: memoryview | bytearray, offset: int) -> int:
     value: int = _INT32.unpack_from(payload, offset)[0]
     return value
