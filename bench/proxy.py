@@ -42,8 +42,10 @@ bench/results/proxy.jsonl::
     python bench/proxy.py [--quick] [--no-closed-loop]
 
 The closed loop (``bench/proxy_closed_loop.py``: the engine holding real clients to their
-quotas through the proxy) adds ``closed_loop.<client>.quota_bytes_per_s`` and
-``closed_loop.<client>.achieved_bytes_per_s`` for each client library, and about five minutes.
+quotas through the proxy, and Kafka's own quotas holding the same clients in the same run) adds
+``closed_loop.<client>.quota_bytes_per_s`` and ``closed_loop.<client>.achieved_bytes_per_s`` for
+each client library (``.consumer.`` for its consumer), with ``kafka_achieved_bytes_per_s`` and
+``vs_kafka`` beside them, and about ten minutes.
 """
 
 from __future__ import annotations
@@ -526,7 +528,7 @@ def main() -> None:
     parser.add_argument(
         "--no-closed-loop",
         action="store_true",
-        help="leave out the closed loop with the engine (bench/proxy_closed_loop.py, ~5 min)",
+        help="leave out the closed loop with the engine (bench/proxy_closed_loop.py, ~10 min)",
     )
     args = parser.parse_args()
     quick: bool = args.quick
