@@ -419,9 +419,9 @@ def test_the_engine_holds_a_producer_spread_over_three_brokers_near_its_cluster_
     assert 0.5 * QUOTA_BYTES_PER_S < achieved < 2.4 * QUOTA_BYTES_PER_S, achieved
 
 
-def fetch_once(address: tuple[str, int], topic: str, max_bytes: int) -> int:
+def fetch_once(address: tuple[str, int], topic: str, max_bytes: int) -> tuple[int, int]:
     """One Fetch v12 of partition 0 from offset 0 asking for ``max_bytes``, over a raw socket:
-    the record bytes of its response."""
+    the record bytes of its response, and its ``throttle_time_ms``."""
     request = fetch_request(topic, 0, partition_max_bytes=max_bytes, max_bytes=max_bytes)
     request.API_VERSION = 12
     request.with_header(correlation_id=1, client_id="greedy")
@@ -431,7 +431,84 @@ def fetch_once(address: tuple[str, int], topic: str, max_bytes: int) -> int:
         size = struct.unpack(">i", reader.read(4))[0]
         payload = memoryview(reader.read(size))
     response = wire.decode_response(wire.FETCH, 12, payload)
-    return sum(len(p.records or b"") for t in response.responses for p in t.partitions)
+    records = sum(len(p.records or b"") for t in response.responses for p in t.partitions)
+    return records, response.throttle_time_ms
+
+
+GREEDY_QUOTA_BYTES_PER_S = 20_000
+
+
+def greedy_consumer_settings(
+    kafka: KafkaNode, redis_server: LocalService, tmp_path: Path, topic: str
+) -> EngineSettings:
+    """A proxy in front of ``kafka``, where a topic of 3 MB of records waits, and a fetch quota
+    of 20 kB/s per user."""
+    create_topic(kafka.address, topic, partitions=1)
+    LIBRARIES["kafka-python"].produce(
+        Access(kafka.address), topic, [f"{i:04d}".encode() * 2_500 for i in range(300)], "filler"
+    )
+    quotas = tmp_path / "quotas.yaml"
+    quotas.write_text(
+        f"clients:\n  - user: <default>\n    consumer_byte_rate: {GREEDY_QUOTA_BYTES_PER_S}\n"
+    )
+    base = proxy_settings(kafka.address, kafka.address, redis_server, f"usage-{topic}")
+    return EngineSettings.model_validate({**base.model_dump(), "quotas": str(quotas)})
+
+
+def test_a_fetch_response_over_the_quota_is_answered_empty_and_published_as_zero_bytes(
+    kafka: KafkaNode, redis_server: LocalService, tmp_path: Path
+) -> None:
+    """As a broker answers a fetch that would break its quota: empty, with the throttle, and not
+    counted; the engine is told of the attempt with 0 bytes (docs/events.md). A fetch that fits
+    is served."""
+    topic = "emptied-fetch"
+    settings = greedy_consumer_settings(kafka, redis_server, tmp_path, topic)
+    config = load_quota_config(Path(settings.quotas))
+    key = ("fetch", "ANONYMOUS", "greedy", 1)
+    entity = DecisionClient.connect(
+        redis_server.host, redis_server.port, settings.redis.key_prefix, config
+    ).entity_of_client(*key)
+    now = int(time.time() * 1000)
+    # 150 kB in a 10 s window of 20 kB/s: 50 kB of headroom.
+    rate = 15_000.0
+    write_decision(
+        redis_server,
+        settings.redis.key_prefix,
+        Decision(
+            quota="fetch",
+            entity=entity,
+            throttle_ms=0,
+            until=now,
+            rate=rate,
+            limit=float(GREEDY_QUOTA_BYTES_PER_S),
+            exceeded=False,
+            window_ms=10_000,
+            decided_at=now,
+        ),
+    )
+    with RunningProxy(settings, config) as proxy:
+        broker = (settings.proxy.client_host, proxy.proxy.node_ports()[1])
+        holds = proxy.proxy.context.holds
+        holds.remaining_ms(key)  # seen, as its first request would make it
+        deadline = time.monotonic() + 5
+        while holds.over_quota_with(key, 10**6) == 0:
+            assert time.monotonic() < deadline, "the proxy never read the decision"
+            holds.refresh()
+        emptied = fetch_once(broker, topic, 100_000)
+        served = fetch_once(broker, topic, 20_000)
+        count = proxy.registry.get_sample_value("quotastream_proxy_emptied_fetches_total")
+    records, throttle_ms = emptied
+    assert records == 0
+    # About 100 kB over 50 kB of headroom at 20 kB/s: 2.5 s from the decision, less the time
+    # since it was made.
+    assert 1_000 < throttle_ms <= 2_600, throttle_ms
+    assert served[0] > 0
+    assert count == 1
+    fetched = [e for e in published_usage(kafka.address, f"usage-{topic}") if e["kind"] == "fetch"]
+    # Both fetches counted, the emptied one with 0 bytes: only the served response's bytes
+    # (its records and a few dozen bytes of headers).
+    assert sum(e["count"] for e in fetched) == 2
+    assert served[0] < sum(e["bytes"] for e in fetched) < served[0] + 500, fetched
 
 
 def test_a_fetch_asks_for_no_more_than_the_clients_fetch_quota_allows_in_its_window(
@@ -439,18 +516,11 @@ def test_a_fetch_asks_for_no_more_than_the_clients_fetch_quota_allows_in_its_win
 ) -> None:
     """As a broker caps ``max_bytes`` at limit x (samples - 1) x window: 20 kB/s -> 200 kB."""
     topic = "capped-fetch"
-    create_topic(kafka.address, topic, partitions=1)
-    LIBRARIES["kafka-python"].produce(
-        Access(kafka.address), topic, [f"{i:04d}".encode() * 2_500 for i in range(300)], "filler"
-    )
-    quotas = tmp_path / "quotas.yaml"
-    quotas.write_text("clients:\n  - user: <default>\n    consumer_byte_rate: 20000\n")
-    base = proxy_settings(kafka.address, kafka.address, redis_server, "usage-capped")
-    settings = EngineSettings.model_validate({**base.model_dump(), "quotas": str(quotas)})
-    uncapped = fetch_once((kafka.host, kafka.port), topic, 50 << 20)
+    settings = greedy_consumer_settings(kafka, redis_server, tmp_path, topic)
+    uncapped, _ = fetch_once((kafka.host, kafka.port), topic, 50 << 20)
     with RunningProxy(settings) as proxy:
         broker = (settings.proxy.client_host, proxy.proxy.node_ports()[1])
-        capped = fetch_once(broker, topic, 50 << 20)
+        capped, _ = fetch_once(broker, topic, 50 << 20)
     assert uncapped > 300 * 10_000  # every record
     # The broker returns whole batches up to max_bytes (kafka-python's are 16 kB at most).
     assert 0 < capped <= 200_000 + 16_384

@@ -359,6 +359,9 @@ class Connection:
             counted = len(payload) - wire.response_header_size(api, version, payload) + 4
             over_ms = self._context.holds.over_quota_with(key, counted)
             if over_ms > 0:  # as a broker answers a fetch over its quota: empty, un-recorded
+                # Published with 0 bytes (docs/events.md): the engine measures the client again
+                # as its window slides, so the next decision is not one of stale bytes.
+                self._record(FETCH, request.client_id, 0)
                 throttle_ms = max(throttle_ms, over_ms)
                 self._context.metrics.throttled_responses.labels(wire.api_name(api)).inc()
                 self._context.metrics.emptied_fetches.inc()
