@@ -377,8 +377,8 @@ def test_the_engine_holds_a_producer_spread_over_three_brokers_near_its_cluster_
     """aiokafka ignores throttle_time_ms: only the proxy's muting holds it. It offers 3x its
     cluster-wide quota to partitions led by three brokers; the engine sums its usage over them.
     Kafka's rate starts padded to ten windows, so the quota is what it achieves on average from
-    the first window on; the engine's decision latency (a trigger and a batch) lets it overshoot
-    between decisions, which the next throttle pays back."""
+    the first window on. The engine's decisions come a second or more after the bytes; the proxy
+    holds the client for what it forwarded since each one, so that latency is not let through."""
     topic, events = "closed-loop", "usage-closed-loop"
     create_topic(kafka_cluster.address, topic)
     quotas = tmp_path / "quotas.yaml"
@@ -414,9 +414,10 @@ def test_the_engine_holds_a_producer_spread_over_three_brokers_near_its_cluster_
     achieved = after_first_window / (max(at for at, _ in acks) - started - 1)
     assert held is not None
     assert held > 1
-    # Unheld it would achieve 3x. Held, 1.06x on a quiet machine and 1.8x on a loaded one, where
-    # the engine's batches, and so its decisions, come later (bench/proxy.py measures it).
-    assert 0.5 * QUOTA_BYTES_PER_S < achieved < 2.4 * QUOTA_BYTES_PER_S, achieved
+    # Unheld it would achieve 3x; held only to each decision's end, 1.1-1.8x, as the engine's
+    # batches came later on a loaded machine. Counting the bytes forwarded since each decision,
+    # 0.9-1.15x (bench/proxy.py measures it against Kafka's own quota).
+    assert 0.6 * QUOTA_BYTES_PER_S < achieved < 1.5 * QUOTA_BYTES_PER_S, achieved
 
 
 def fetch_once(address: tuple[str, int], topic: str, max_bytes: int) -> tuple[int, int]:

@@ -23,14 +23,16 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 import yaml
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.protocol.producer import ProduceRequest
+from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
 from streaming.commands.proxy import RunningProxy
 from streaming.engine.settings import EngineSettings
@@ -306,3 +308,53 @@ def test_clients_reconnect_after_the_proxy_restarts(
         process.send_signal(signal.SIGTERM)
         process.communicate(timeout=60)
     assert end_offset(kafka.address, topic) == 2
+
+
+class ScriptedBroker:
+    """One connection's worth of a broker that answers each Produce v9 at once with the next
+    of ``throttles_ms`` as its ``throttle_time_ms``: the throttles a broker's quota would set,
+    in an order the test chooses."""
+
+    def __init__(self, throttles_ms: list[int]) -> None:
+        self._throttles = list(throttles_ms)
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        connection, _ = self._server.accept()
+        with connection, self._server:
+            reader = connection.makefile("rb")
+            while self._throttles:
+                request = reader.read(struct.unpack(">i", reader.read(4))[0])
+                response = ProduceResponse[9](responses=[], throttle_time_ms=self._throttles.pop(0))
+                response.with_header(correlation_id=struct.unpack_from(">i", request, 4)[0])
+                connection.sendall(response.encode(header=True, framed=True))
+
+
+def read_frame(reader: BinaryIO) -> bytes:
+    return reader.read(struct.unpack(">i", reader.read(4))[0])
+
+
+def test_a_client_muted_by_a_longer_throttle_is_read_again_when_it_ends(
+    kafka: KafkaNode, redis_server: LocalService
+) -> None:
+    """Two pipelined requests whose responses carry 0.3 s and then 1.5 s: the mute is extended
+    after its first end was set. With nothing pending when that first end came, the client was
+    never read again (kafka-python gave up on its requests 30 s later)."""
+    broker = ScriptedBroker([300, 1_500, 0])
+    settings = proxy_settings(f"127.0.0.1:{broker.port}", kafka.address, redis_server, "scripted")
+    with (
+        RunningProxy(settings, read_brokers=lambda: [(1, "127.0.0.1", broker.port)]) as proxy,
+        socket.create_connection(proxy_address(proxy), timeout=10) as client,
+    ):
+        responses = client.makefile("rb")
+        client.sendall(produce_frame("t", 1) + produce_frame("t", 2))
+        read_frame(responses), read_frame(responses)
+        extended = time.monotonic()
+        client.sendall(produce_frame("t", 3))
+        third = read_frame(responses)  # a socket timeout (10 s) if never read
+        waited = time.monotonic() - extended
+    assert struct.unpack_from(">i", third, 0)[0] == 3
+    assert waited > 1.2, "the third request went through before the longer throttle ended"

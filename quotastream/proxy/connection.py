@@ -435,6 +435,11 @@ class Connection:
     def _woken(self) -> None:
         self._wakeup = None
         self._pump()
+        if self._loop.time() < self._muted_until and not self._closing():
+            # The mute outlasts this wakeup: a later response's longer throttle extended it after
+            # the wakeup was set. Wake again at its end, or a client with no request pending
+            # would stay unread (until it gave up on its requests: 30 s for kafka-python).
+            self._wake_at(self._muted_until)
 
     def _pause_client(self) -> None:
         if self._reading and self._client is not None and not self._client.is_closing():

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from quotastream.cache import CachedQuotaClient
 from quotastream.proxy.holds import Holds
 from quotastream.proxy.metrics import ProxyMetrics
-from quotastream.proxy.server import Proxy, cluster_brokers
+from quotastream.proxy.server import BrokerReader, Proxy, cluster_brokers
 from quotastream.proxy.usage import FETCH, PRODUCE, UsagePublisher
 from state.config import QuotaConfig, load_quota_config
 from state.quota_types import QuotaType
@@ -33,10 +33,14 @@ log = logging.getLogger(__name__)
 
 
 def build_proxy(
-    settings: EngineSettings, config: QuotaConfig, registry: CollectorRegistry
+    settings: EngineSettings,
+    config: QuotaConfig,
+    registry: CollectorRegistry,
+    read_brokers: BrokerReader | None = None,
 ) -> Proxy:
     """The proxy the settings describe: reading decisions from their Redis, publishing usage to
-    their first events topic, in front of ``proxy.upstream``."""
+    their first events topic, in front of ``proxy.upstream`` (whose brokers ``read_brokers``
+    lists: by default the cluster's own answer to the proxy's admin client)."""
     proxy = settings.proxy
     metrics = ProxyMetrics(registry)
     redis_options = {
@@ -88,20 +92,27 @@ def build_proxy(
             FETCH: config.quota_types.of(QuotaType.FETCH).window_ms,
         },
         metrics=metrics,
-        read_brokers=lambda: cluster_brokers(
-            upstream.bootstrap_servers, upstream.client_settings()
-        ),
+        read_brokers=read_brokers
+        or (lambda: cluster_brokers(upstream.bootstrap_servers, upstream.client_settings())),
     )
 
 
 class RunningProxy:
     """A proxy on its own event loop thread: ``with RunningProxy(settings) as proxy: ...``."""
 
-    def __init__(self, settings: EngineSettings, config: QuotaConfig | None = None) -> None:
+    def __init__(
+        self,
+        settings: EngineSettings,
+        config: QuotaConfig | None = None,
+        read_brokers: BrokerReader | None = None,
+    ) -> None:
         self.settings = settings
         self.registry = CollectorRegistry()
         self.proxy = build_proxy(
-            settings, config or load_quota_config(Path(settings.quotas)), self.registry
+            settings,
+            config or load_quota_config(Path(settings.quotas)),
+            self.registry,
+            read_brokers,
         )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="proxy", daemon=True)
