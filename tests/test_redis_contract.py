@@ -307,7 +307,7 @@ def _decision(rate: float, limit: float | None, window_ms: int, **fields: object
         "window_ms": window_ms,
         "decided_at": 1_000_000,
     }
-    return Decision(**(values | fields))  # type: ignore[arg-type]
+    return Decision(**(values | fields))
 
 
 @given(
