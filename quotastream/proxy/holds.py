@@ -14,7 +14,7 @@ this process's monotonic clock. The engine's decision counts the bytes up to its
 (``decided_at``) and reaches the proxy a flush, a trigger, a micro-batch and a refresh later
 (about a second or two): a client released by it would send at its own rate all that time,
 bytes the next decision pays back only in part, since the window forgets them as it slides (a
-producer offering 3x its quota got about 1.2-1.5x of it through). So the proxy counts what it
+producer offering 3x its quota got 1.1-1.6x of it through). So the proxy counts what it
 forwarded for each client (:class:`Forwarded`) and holds the client until
 ``Decision.until_with`` the bytes of its entity forwarded after ``decided_at``: Kafka's throttle
 of the decision's window and those bytes, as if the engine had seen them (each byte adds
