@@ -27,7 +27,8 @@ def throttle_ms(rate: FloatArray, limit: FloatArray, window_size_ms: Int64Array)
     exceeded = rate > limit
     delay = np.zeros(len(rate), dtype=np.int64)
     over = np.flatnonzero(exceeded)
-    with np.errstate(over="ignore"):  # an infinite quotient is capped just below
+    # An infinite quotient (a huge ratio, or a limit of 0 that no byte fits) is capped below.
+    with np.errstate(over="ignore", divide="ignore"):
         raw = (rate[over] - limit[over]) / limit[over] * window_size_ms[over]
     delay[over] = np.clip(java_round(raw), 1, MAX_THROTTLE_MS).astype(np.int64)
     return delay
