@@ -117,16 +117,15 @@ class Decision(msgspec.Struct, frozen=True):
         those, ``window_ms x (bytes / window_ms - limit) / limit``, from ``decided_at``. Each
         byte adds ``1 / limit`` seconds, so an enforcement point that counts what it forwarded
         since holds a client for its own bytes without waiting for the next decision. With no
-        unseen bytes it is ``until``; it never ends a throttle early; a decision that does not
-        bind, is unlimited or was released before its ``until`` (an operator's release)
-        holds nobody."""
-        if (
-            not self.enforced
-            or self.limit is None
-            or self.limit <= 0
-            or (self.released_at is not None and self.released_at < self.until)
-        ):
+        unseen bytes it is ``until``, and it never ends a throttle early. A decision that does
+        not bind holds nobody; without a limit to divide by (unlimited, or a limit of 0, which
+        no byte fits) it is ``until``. A released decision extends as any other: the engine
+        releases a throttle whose ``until`` has passed (``released_at`` is the micro-batch's
+        time, which the timing wheel's rounding may put a tick before it)."""
+        if not self.enforced:
             return self.decided_at
+        if self.limit is None or self.limit <= 0:
+            return self.until
         window_bytes = self.rate * self.window_ms / 1000
         over_ms = (window_bytes + unseen_bytes) / self.limit * 1000 - self.window_ms
         return max(self.until, self.decided_at + math.ceil(over_ms))

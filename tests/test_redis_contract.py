@@ -332,19 +332,25 @@ def test_a_decision_with_unseen_bytes_ends_when_the_engine_would_have_ended_it(
         assert decision.until_with(unseen + limit * 3) - until in range(2999, 3002)
 
 
-@pytest.mark.parametrize(
-    "fields",
-    [{"limit": 0.0}, {"mode": "shadow", "enforced": False}, {"released_at": 1_000_500}],
-    ids=["a-limit-of-zero", "not-enforced", "released-by-an-operator"],
-)
-def test_unseen_bytes_hold_nobody_on_a_decision_that_does_not_bind(
-    fields: dict[str, object],
-) -> None:
-    decision = msgspec.structs.replace(_decision(150.0, 100.0, 10_000), **fields)
+def test_unseen_bytes_hold_nobody_on_a_decision_that_does_not_bind() -> None:
+    decision = msgspec.structs.replace(
+        _decision(150.0, 100.0, 10_000), mode="shadow", enforced=False
+    )
     assert decision.until_with(10**9) == decision.decided_at
 
 
-def test_unseen_bytes_extend_a_throttle_whose_timer_already_released_it() -> None:
+@pytest.mark.parametrize("limit", [None, 0.0], ids=["unlimited", "a-limit-of-zero"])
+def test_without_a_limit_to_divide_by_a_decision_ends_at_its_until(limit: float | None) -> None:
+    """A limit of 0 throttles for as long as the engine can say; unseen bytes change nothing."""
+    decision = _decision(150.0, limit, 10_000)
+    assert decision.until_with(10**9) == decision.until
+    assert (decision.until > decision.decided_at) == (limit == 0.0)
+
+
+@pytest.mark.parametrize("released_after_until_ms", [0, -5])  # its tick's rounding: before
+def test_unseen_bytes_extend_a_throttle_whose_timer_already_released_it(
+    released_after_until_ms: int,
+) -> None:
     decision = _decision(150.0, 100.0, 10_000)  # 5 s
-    released = _decision(150.0, 100.0, 10_000, released_at=decision.until)
+    released = _decision(150.0, 100.0, 10_000, released_at=decision.until + released_after_until_ms)
     assert released.until_with(200) == decision.until_with(200) == decision.until + 2000
