@@ -355,8 +355,10 @@ class Connection:
         found = wire.throttled_response(api, version, payload)
         offset = found.throttle_offset
         throttle_ms = 0 if offset is None else wire.read_int32(payload, offset)
-        if api == wire.FETCH and offset is not None and key is not None:
+        counted = 0  # what the broker's fetch quota records: FetchResponse.sizeOf
+        if api == wire.FETCH:
             counted = len(payload) - wire.response_header_size(api, version, payload) + 4
+        if api == wire.FETCH and offset is not None and key is not None:
             over_ms = self._context.holds.over_quota_with(key, counted)
             if over_ms > 0:  # as a broker answers a fetch over its quota: empty, un-recorded
                 # Published with 0 bytes (docs/events.md): the engine measures the client again
@@ -372,8 +374,7 @@ class Connection:
         if found.tagged:  # NodeEndpoints (a leader moved): rare, decoded and rewritten
             return self._with_endpoints_rewritten(request, frame, hold_ms)
         if api == wire.FETCH:
-            header_size = wire.response_header_size(api, version, payload)
-            self._record(FETCH, request.client_id, len(payload) - header_size + 4)
+            self._record(FETCH, request.client_id, counted)
         if offset is None or hold_ms <= throttle_ms:
             return frame, throttle_ms
         raised = bytearray(frame)
