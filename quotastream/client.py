@@ -35,6 +35,7 @@ from state.quota_rules import QuotaRules, Resolved
 from state.quota_types import CLIENT_QUOTA_TYPES, QuotaType
 from state.remote_log_view import RemoteLog
 from state.timer_stats import TimerStats
+from state.window import WindowSpec, window_spec
 
 
 def decision_keys(client: redis.Redis, prefix: str) -> list[bytes]:
@@ -208,6 +209,26 @@ class QuotaClient:
         round trip: :meth:`for_client` follows the live configuration first)."""
         return self._resolved(quota, user, client_id, broker).entity
 
+    def undecided(self, quota: str, user: str, client_id: str, broker: int) -> Decision:
+        """A client's decision before the engine has made one (its counter has no key): nothing
+        counted (``decided_at`` 0), under the limit it resolves to. An enforcement point that
+        counts what it forwards measures the client's window from it (``quotastream proxy``).
+        No round trip."""
+        resolved = self._resolved(quota, user, client_id, broker)
+        return Decision(
+            quota=quota,
+            entity=resolved.entity,
+            throttle_ms=0,
+            until=0,
+            rate=0.0,
+            limit=None if math.isinf(resolved.limit) else resolved.limit,
+            exceeded=False,
+            window_ms=1,
+            decided_at=0,
+            enforced=resolved.mode is Mode.ENFORCED,
+            mode=resolved.mode.value,
+        )
+
     def largest_fetch(self, user: str, client_id: str, broker: int, brokers: int) -> int | None:
         """The most one fetch response may carry under the client's binding fetch quota, as a
         broker caps a fetch's ``max_bytes`` (Kafka's ``maxValueInQuotaWindow``: limit x
@@ -222,6 +243,17 @@ class QuotaClient:
         window = rules.config.quota_types.of(QuotaType.FETCH)
         shared_by = max(brokers, 1) if window.scope == "cluster" else 1
         return int(resolved.limit * (window.samples - 1) * window.window_ms / 1000 / shared_by)
+
+    def window_of(self, quota: str) -> WindowSpec:
+        """How a client quota measures usage under the configuration currently followed (no
+        round trip)."""
+        rules = self._resolver.rules
+        if rules is None:
+            raise ValueError(
+                "measuring a client's window needs the quota config: none was given and the "
+                "engine has published none"
+            )
+        return window_spec(rules.config, QuotaType(quota))
 
     def _resolved(self, quota: str, user: str, client_id: str, broker: int) -> Resolved:
         rules = self._resolver.rules

@@ -12,7 +12,6 @@ The core computes with ``inf``; the decision rows it emits carry a null limit.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import TypeVar
 
@@ -110,25 +109,6 @@ class Decision(msgspec.Struct, frozen=True):
     def throttle_ms_now(self, now_ms: int | None = None) -> int:
         """:meth:`throttle_ms_at` the wall clock (or ``now_ms``)."""
         return self.throttle_ms_at(int(time.time() * 1000) if now_ms is None else now_ms)
-
-    def until_with(self, unseen_bytes: int) -> int:
-        """When the throttle ends had the engine also counted ``unseen_bytes`` recorded after
-        ``decided_at``: Kafka's throttle of the window's bytes (``rate`` x ``window_ms``) plus
-        those, ``window_ms x (bytes / window_ms - limit) / limit``, from ``decided_at``. Each
-        byte adds ``1 / limit`` seconds, so an enforcement point that counts what it forwarded
-        since holds a client for its own bytes without waiting for the next decision. With no
-        unseen bytes it is ``until``, and it never ends a throttle early. A decision that does
-        not bind holds nobody; without a limit to divide by (unlimited, or a limit of 0, which
-        no byte fits) it is ``until``. A released decision extends as any other: the engine
-        releases a throttle whose ``until`` has passed (``released_at`` is the micro-batch's
-        time, which the timing wheel's rounding may put a tick before it)."""
-        if not self.enforced:
-            return self.decided_at
-        if self.limit is None or self.limit <= 0:
-            return self.until
-        window_bytes = self.rate * self.window_ms / 1000
-        over_ms = (window_bytes + unseen_bytes) / self.limit * 1000 - self.window_ms
-        return max(self.until, self.decided_at + math.ceil(over_ms))
 
     @property
     def utilisation(self) -> float | None:

@@ -38,10 +38,11 @@ from state.encoding import KeptRows, StateDecodeError, StoredTables, encode_tabl
 from state.entities import broker_keys, client_keys
 from state.events import KIND_DTYPE, ROLE_DTYPE, EventKind
 from state.quota_rules import per_broker
-from state.quota_types import CLIENT_QUOTA_TYPES, WINDOW_RULE, QuotaType
+from state.quota_types import CLIENT_QUOTA_TYPES, QuotaType
 from state.resolution import NO_LEVEL, ClientPairs, QuotaResolver, Sharing
-from state.rolling import Measurement, RollingTable, WindowSpec
+from state.rolling import Measurement, RollingTable
 from state.throttle import throttle_ms
+from state.window import WindowSpec, window_spec
 
 Int64Array = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -154,7 +155,7 @@ class QuotaCore:
         self.copy_partitions = (
             copy_partitions
             if copy_partitions is not None
-            else RollingTable(_window_spec(config, QuotaType.REMOTE_COPY))
+            else RollingTable(window_spec(config, QuotaType.REMOTE_COPY))
         )
         #: What a partial :meth:`restore` left encoded.
         self._unloaded: _Unloaded | None = None
@@ -162,7 +163,7 @@ class QuotaCore:
     @staticmethod
     def empty_tables(config: QuotaConfig) -> dict[QuotaType, RollingTable]:
         return {
-            quota_type: RollingTable(_window_spec(config, quota_type)) for quota_type in QuotaType
+            quota_type: RollingTable(window_spec(config, quota_type)) for quota_type in QuotaType
         }
 
     @classmethod
@@ -195,12 +196,12 @@ class QuotaCore:
                 rows = stored.rows_of(name, loaded[quota_type].to_numpy())
                 rows = rows[rows >= 0]
             kept[rows] = False
-            tables[quota_type] = _stored(stored, name, rows, _window_spec(config, quota_type))
+            tables[quota_type] = _stored(stored, name, rows, window_spec(config, quota_type))
         # State kept before the per-partition table existed restores with an empty one.
         rows = stored.rows(PARTITION_TABLE)
         kept[rows] = False
         copy_partitions = _stored(
-            stored, PARTITION_TABLE, rows, _window_spec(config, QuotaType.REMOTE_COPY)
+            stored, PARTITION_TABLE, rows, window_spec(config, QuotaType.REMOTE_COPY)
         )
         core = cls(config, tables, copy_partitions)
         if touched is not None:
@@ -510,13 +511,6 @@ def _copy_partitions(
     )
     keys = partition_keys(entities.keys[entities.of_event[first]], topics[first], partitions[first])
     return of_event, keys
-
-
-def _window_spec(config: QuotaConfig, quota_type: QuotaType) -> WindowSpec:
-    settings = config.quota_types.of(quota_type)
-    return WindowSpec(
-        samples=settings.samples, window_ms=settings.window_ms, rule=WINDOW_RULE[quota_type]
-    )
 
 
 def _stored(stored: StoredTables, name: str, rows: Int64Array, spec: WindowSpec) -> RollingTable:

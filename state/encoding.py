@@ -34,7 +34,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from state.quota_types import WindowRule
-from state.rolling import EMPTY, RollingTable, WindowSpec
+from state.rolling import EMPTY, RollingTable
+from state.window import WindowSpec
 
 Int64Array = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]

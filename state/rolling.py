@@ -36,6 +36,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from state.quota_types import WindowRule
+from state.window import WindowSpec
 
 Int64Array = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -45,24 +46,6 @@ BoolArray = npt.NDArray[np.bool_]
 EMPTY = np.iinfo(np.int64).min
 # Composite (group, value) keys must stay clear of int64 overflow; wider batches are split.
 _COMPOSITE_LIMIT = 2**62
-
-
-@dataclass(frozen=True)
-class WindowSpec:
-    samples: int
-    window_ms: int
-    rule: WindowRule
-
-    @property
-    def slots(self) -> int:
-        """Samples an entity keeps: the window's and Kafka's extra overlapping one."""
-        return self.samples + 1
-
-    def __post_init__(self) -> None:
-        if self.samples < 1:
-            raise ValueError(f"samples must be >= 1, got {self.samples}")
-        if self.window_ms < 1:
-            raise ValueError(f"window_ms must be >= 1, got {self.window_ms}")
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ from quotastream.proxy import wire
 from quotastream.proxy.usage import INSTANCE_HEADER
 from quotastream.redis_contract import Decision
 from state.config import QuotaConfig, load_quota_config
+from state.quota_types import QuotaType
+from state.window import window_spec
 from streaming.commands.proxy import RunningProxy
 from streaming.engine.job import start_query
 from streaming.engine.settings import EngineSettings
@@ -303,20 +305,24 @@ def test_a_client_library_logs_in_with_scram_over_tls_the_proxy_terminates(
 def hold(
     redis_server: LocalService, prefix: str, config: QuotaConfig, client_id: str, ms: int
 ) -> None:
-    """Writes the engine's decision throttling (produce, ANONYMOUS, client_id) for ``ms``."""
+    """Writes the engine's decision throttling (produce, ANONYMOUS, client_id) for ``ms``: the
+    window it measures now (``config``'s samples) holds ``ms`` worth of bytes over its limit."""
     entity = DecisionClient.connect(
         redis_server.host, redis_server.port, prefix, config
     ).entity_of_client("produce", "ANONYMOUS", client_id, 1)
     now = int(time.time() * 1000)
+    spec = window_spec(config, QuotaType.PRODUCE)
+    window_ms = (spec.samples - 1) * spec.window_ms + now % spec.window_ms
+    limit = 1e6
     decision = Decision(
         quota="produce",
         entity=entity,
         throttle_ms=ms,
         until=now + ms,
-        rate=3e6,
-        limit=1e6,
+        rate=limit * (window_ms + ms) / window_ms,
+        limit=limit,
         exceeded=True,
-        window_ms=1000,
+        window_ms=window_ms,
         decided_at=now,
     )
     write_decision(redis_server, prefix, decision)
@@ -470,8 +476,10 @@ def test_a_fetch_response_over_the_quota_is_answered_empty_and_published_as_zero
         redis_server.host, redis_server.port, settings.redis.key_prefix, config
     ).entity_of_client(*key)
     now = int(time.time() * 1000)
-    # 150 kB in a 10 s window of 20 kB/s: 50 kB of headroom.
-    rate = 15_000.0
+    # 150 kB in a window of 20 kB/s measured over 10-11 s (Kafka's default samples): 50-70 kB
+    # of headroom.
+    window_ms = 10_000 + now % 1000
+    rate = 150_000 * 1000 / window_ms
     write_decision(
         redis_server,
         settings.redis.key_prefix,
@@ -483,7 +491,7 @@ def test_a_fetch_response_over_the_quota_is_answered_empty_and_published_as_zero
             rate=rate,
             limit=float(GREEDY_QUOTA_BYTES_PER_S),
             exceeded=False,
-            window_ms=10_000,
+            window_ms=window_ms,
             decided_at=now,
         ),
     )
@@ -500,8 +508,8 @@ def test_a_fetch_response_over_the_quota_is_answered_empty_and_published_as_zero
         count = proxy.registry.get_sample_value("quotastream_proxy_emptied_fetches_total")
     records, throttle_ms = emptied
     assert records == 0
-    # About 100 kB over 50 kB of headroom at 20 kB/s: 2.5 s from the decision, less the time
-    # since it was made.
+    # About 100 kB over 50-70 kB of headroom at 20 kB/s: 1.5-2.5 s from the decision, less the
+    # time since it was made.
     assert 1_000 < throttle_ms <= 2_600, throttle_ms
     assert served[0] > 0
     assert count == 1

@@ -1,5 +1,5 @@
-"""The proxy's holds against a real Redis: each client held until its decision's end with the
-bytes the proxy forwarded since the engine's last count (``Holds``, ``Decision.until_with``).
+"""The proxy's holds against a real Redis: each client held until its decision's end measured
+with the bytes the proxy forwarded, as the window is when it is asked (``Holds.held_until``).
 
 The clocks are injected: the holds are computed from ``decided_at`` and the forwarded bytes'
 times, which the test sets to the millisecond."""
@@ -7,21 +7,28 @@ times, which the test sets to the millisecond."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import msgspec
+import numpy as np
 import pytest
 import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from quotastream.cache import CachedQuotaClient
 from quotastream.client import QuotaClient
-from quotastream.proxy.holds import FORWARDED_HORIZON_MS, ClientKey, Holds
+from quotastream.proxy.holds import ClientKey, Holds
 from quotastream.proxy.settings import DecisionSettings
 from quotastream.redis_contract import Decision, decision_key
 from state.config import parse_quota_config
+from state.throttle import throttle_ms
 from streaming.services import LocalService
 
 QUOTA_BYTES_PER_S = 300_000
-WINDOW_MS = 10_000
+SAMPLE_MS = 1000
+#: The window's span: a byte forwarded this long ago counts in no window.
+SPAN_MS = 12 * SAMPLE_MS
 #: One quota for a client over every broker: its connections to brokers 1 and 2 share a counter.
 CONFIG = parse_quota_config(
     {
@@ -88,12 +95,14 @@ class Scene:
 
     def decide(self, key: ClientKey, window_bytes: int, at_ms: int) -> None:
         """Writes the engine's decision for ``key``'s counter at ``at_ms`` with ``window_bytes``
-        in a 10 s window."""
+        in its window: 10 samples and the elapsed part of the current one (no overlapping
+        sample counts in these tests)."""
         entity = QuotaClient.connect(
             self.server.host, self.server.port, self.prefix, CONFIG
         ).entity_of_client(*key)
-        rate = window_bytes * 1000 / WINDOW_MS
-        throttle = max(round((rate - QUOTA_BYTES_PER_S) / QUOTA_BYTES_PER_S * WINDOW_MS), 0)
+        window_ms = 10 * SAMPLE_MS + at_ms % SAMPLE_MS
+        rate = window_bytes * 1000 / window_ms
+        throttle = max(round((rate - QUOTA_BYTES_PER_S) / QUOTA_BYTES_PER_S * window_ms), 0)
         decision = Decision(
             quota=key[0],
             entity=entity,
@@ -102,7 +111,7 @@ class Scene:
             rate=rate,
             limit=float(QUOTA_BYTES_PER_S),
             exceeded=throttle > 0,
-            window_ms=WINDOW_MS,
+            window_ms=window_ms,
             decided_at=at_ms,
         )
         write_decision(self.server, self.prefix, decision)
@@ -137,23 +146,92 @@ def test_a_client_is_held_for_the_bytes_forwarded_on_any_broker_since_its_decisi
     assert holds.remaining_ms(on_broker_1) in range(800, 802)
     assert holds.remaining_ms(on_broker_2) in range(800, 802)
     # The engine's next decision has counted the first megabyte: only the rest is added to it
-    # (3.3 MB again, held 1 s from its decided_at).
+    # (3.3 MB again, held 1 s past 10.05 s of window from its decided_at).
     scene.decide(on_broker_2, 2_500_000, NOW_MS + 50)
     scene.refresh_at(NOW_MS + 300)
-    assert holds.remaining_ms(on_broker_1) in range(750, 752)
-    assert holds.forwarded.since([on_broker_1, on_broker_2], 0) == 800_000  # the rest dropped
+    assert holds.remaining_ms(on_broker_1) in range(700, 702)
 
 
-def test_bytes_no_decision_has_counted_are_kept_for_a_horizon_only(scene: Scene) -> None:
+def test_a_client_not_decided_yet_is_measured_from_nothing(scene: Scene) -> None:
+    """Before the engine's first decision, the bytes this proxy forwarded are the client's
+    window, as a broker measures a client it has just met; kept while a window counts them."""
     holds = scene.holds
-    key: ClientKey = ("produce", "ANONYMOUS", "undecided", 1)
+    key: ClientKey = ("fetch", "ANONYMOUS", "undecided", 1)
     assert holds.remaining_ms(key) == 0
-    holds.forwarded.record(key, 100, NOW_MS)
-    holds.forwarded.record(key, 200, NOW_MS + 1)
-    holds.forwarded.record(key, 300, NOW_MS + 1)  # the same millisecond: one bucket
-    scene.refresh_at(NOW_MS + FORWARDED_HORIZON_MS)
-    assert holds.forwarded.since([key], 0) == 500
+    holds.forwarded.record(key, 1_100_000, NOW_MS)
+    holds.forwarded.record(key, 1_000_000, NOW_MS + 1)
+    holds.forwarded.record(key, 1_200_000, NOW_MS + 1)  # the same millisecond: one bucket
+    # 3.3 MB over 10.1 s (Kafka's padding of a fresh window): held 0.9 s.
+    scene.refresh_at(NOW_MS + 100)
+    assert holds.remaining_ms(key) in range(900, 902)
+    assert holds.over_quota_with(key, 300_000) in range(1900, 1902)
+    scene.refresh_at(NOW_MS + SPAN_MS)
+    assert holds.forwarded.samples([key], SAMPLE_MS) == {
+        NOW_MS // SAMPLE_MS: (3_300_000, NOW_MS + 1)
+    }
     assert holds.remaining_ms(key) == 0
+    scene.refresh_at(NOW_MS + 2 * SPAN_MS)  # no window counts them any more
+    assert holds.forwarded.samples([key], SAMPLE_MS) == {}
+
+
+def test_a_burst_leaving_the_window_releases_the_client_before_a_decision_says_so(
+    scene: Scene,
+) -> None:
+    """A greedy consumer's burst: ten windows' worth at once, then held until its sample leaves
+    the window (as a broker serves the next fetch then), not a decision's latency later."""
+    holds = scene.holds
+    key: ClientKey = ("fetch", "ANONYMOUS", "greedy", 1)
+    burst_at = NOW_MS + 200
+    holds.forwarded.record(key, 3_300_000, burst_at)  # 11 s of quota
+    scene.decide(key, 3_300_000, burst_at)  # throttled 0.8 s (3.3 MB over 10.2 s)
+    holds.remaining_ms(key)
+    scene.refresh_at(burst_at + 100)
+    assert holds.remaining_ms(key) in range(700, 702)
+    # Held on, as its decision said: the window grows by the time passed, bytes stay in it.
+    scene.refresh_at(NOW_MS + 11_000)  # the burst's sample overlaps the window
+    assert holds.remaining_ms(key) == 0
+    assert holds.over_quota_with(key, 100_000) in range(332, 335)  # 3.4 MB over 11 s
+    scene.refresh_at(burst_at + 11_000)  # its last byte is 11 s old: the sample is gone
+    assert holds.over_quota_with(key, 2_900_000) == 0  # 10.2 s of window: room for 3.06 MB
+    assert holds.over_quota_with(key, 3_100_000) in range(132, 135)
+
+
+def test_bytes_a_decision_counted_are_kept_while_its_window_counts_them(scene: Scene) -> None:
+    """A decision a second or two old still counts a sample that the window at the time of the
+    refresh has left: this proxy's bytes in it are the decision's, not another proxy's."""
+    holds = scene.holds
+    key: ClientKey = ("fetch", "ANONYMOUS", "late", 1)
+    holds.forwarded.record(key, 3_300_000, NOW_MS)
+    scene.decide(key, 3_300_000, NOW_MS + 10_500)  # the oldest sample of its window
+    holds.remaining_ms(key)
+    scene.refresh_at(NOW_MS + 10_600)
+    assert holds.remaining_ms(key) in range(400, 402)  # as decided: 0.5 s from decided_at
+    scene.refresh_at(NOW_MS + 12_000)  # the burst has left the window since
+    assert holds.remaining_ms(key) == 0
+    assert holds.over_quota_with(key, 2_900_000) == 0
+
+
+def test_bytes_other_proxies_forwarded_leave_the_window_as_a_steady_streams_would(
+    scene: Scene,
+) -> None:
+    """The decision's bytes this proxy did not forward: where in the window they came is not
+    known, so they are placed evenly over it, and leave it as it slides."""
+    holds = scene.holds
+    key: ClientKey = ("fetch", "ANONYMOUS", "spread", 1)
+    holds.forwarded.record(key, 1_000_000, NOW_MS)
+    # The engine counted 3.3 MB over 10 s at NOW_MS: this proxy's 1 MB and 2.3 MB through others.
+    scene.decide(key, 3_300_000, NOW_MS)
+    holds.remaining_ms(key)
+    scene.refresh_at(NOW_MS + 100)
+    assert holds.remaining_ms(key) in range(900, 902)  # as decided: 1 s from decided_at
+    # 5 s on, six of the others' ten seconds are still in the window (and the overlapping
+    # sample): 1.38 MB, this proxy's megabyte, and 1 MB more: 3.38 MB over 11 s.
+    scene.refresh_at(NOW_MS + 5_000)
+    assert holds.remaining_ms(key) == 0
+    assert holds.over_quota_with(key, 1_000_000) in range(266, 269)
+    # 11 s on, the whole window has slid past them.
+    scene.refresh_at(NOW_MS + 11_000)
+    assert holds.over_quota_with(key, 2_999_999) == 0
 
 
 def test_a_fetch_response_that_would_break_the_quota_is_known_before_it_is_sent(
@@ -164,7 +242,7 @@ def test_a_fetch_response_that_would_break_the_quota_is_known_before_it_is_sent(
     holds = scene.holds
     key: ClientKey = ("fetch", "ANONYMOUS", "consumer", 1)
     scene.decide(key, 2_500_000, NOW_MS)  # 0.5 MB of headroom
-    assert holds.over_quota_with(key, 10**9) == 0  # not decided yet: never refused
+    assert holds.over_quota_with(key, 10**9) == 0  # never seen (its first refresh is woken)
     holds.remaining_ms(key)
     scene.refresh_at(NOW_MS + 100)
     assert holds.over_quota_with(key, 400_000) == 0
@@ -172,3 +250,89 @@ def test_a_fetch_response_that_would_break_the_quota_is_known_before_it_is_sent(
     assert holds.over_quota_with(key, 600_000) in range(233, 235)
     holds.forwarded.record(key, 400_000, NOW_MS + 150)
     assert holds.over_quota_with(key, 200_000) in range(233, 235)
+
+
+def engine_decision(key: ClientKey, window_bytes: int, at_ms: int, **fields: object) -> Decision:
+    """The decision the engine makes at ``at_ms`` of ``window_bytes`` in 10 samples and the
+    elapsed part of the current one, with its own throttle formula (``state.throttle``)."""
+    window_ms = 10 * SAMPLE_MS + at_ms % SAMPLE_MS
+    rate = window_bytes * 1000 / window_ms
+    delay = int(
+        throttle_ms(np.array([rate]), np.array([float(QUOTA_BYTES_PER_S)]), np.array([window_ms]))[
+            0
+        ]
+    )
+    values: dict[str, Any] = {
+        "quota": key[0],
+        "entity": "client-id=c",
+        "throttle_ms": delay,
+        "until": at_ms + delay,
+        "rate": rate,
+        "limit": float(QUOTA_BYTES_PER_S),
+        "exceeded": delay > 0,
+        "window_ms": window_ms,
+        "decided_at": at_ms,
+    }
+    return Decision(**(values | fields))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    decided_in_sample=st.integers(0, SAMPLE_MS - 1),
+    sent=st.lists(st.tuples(st.integers(0, 9_999), st.integers(0, 2_000_000)), max_size=20),
+    unseen=st.integers(0, 5_000_000),
+)
+def test_measured_when_decided_a_hold_ends_when_the_engines_decision_does(
+    redis_server: LocalService,
+    decided_in_sample: int,
+    sent: list[tuple[int, int]],
+    unseen: int,
+) -> None:
+    """``held_until`` at ``decided_at`` with every byte of the window forwarded by this proxy:
+    the engine's ``until`` (to the millisecond it rounds to); each limit's worth of bytes
+    forwarded since adds a second to a throttled client's hold."""
+    holds = Scene(redis_server).holds
+    key: ClientKey = ("produce", "ANONYMOUS", "c", 1)
+    decided_at = NOW_MS + decided_in_sample
+    oldest_whole = (decided_at // SAMPLE_MS - 10) * SAMPLE_MS
+    for back_ms, nbytes in sorted(sent, reverse=True):
+        holds.forwarded.record(key, nbytes, max(decided_at - back_ms, oldest_whole))
+    decision = engine_decision(key, sum(n for _, n in sent), decided_at)
+    until = holds.held_until(decision, [key], decided_at)
+    assert abs(until - decision.until) <= 1
+    later = holds.held_until(decision, [key], decided_at, unseen + QUOTA_BYTES_PER_S * 3)
+    if holds.held_until(decision, [key], decided_at, unseen) > decided_at:
+        assert later - holds.held_until(decision, [key], decided_at, unseen) in range(2999, 3002)
+
+
+def test_a_decision_that_does_not_bind_holds_nobody(scene: Scene) -> None:
+    key: ClientKey = ("produce", "ANONYMOUS", "c", 1)
+    decision = engine_decision(key, 10**9, NOW_MS, mode="shadow", enforced=False)
+    assert scene.holds.held_until(decision, [key], NOW_MS + 5, 10**9) == NOW_MS + 5
+
+
+@pytest.mark.parametrize("limit", [None, 0.0], ids=["unlimited", "a-limit-of-zero"])
+def test_without_a_limit_to_divide_by_a_hold_ends_at_the_decisions_until(
+    scene: Scene, limit: float | None
+) -> None:
+    """A limit of 0 throttles for as long as the engine says; forwarded bytes change nothing."""
+    key: ClientKey = ("produce", "ANONYMOUS", "c", 1)
+    decision = engine_decision(key, 150, NOW_MS, limit=limit, until=NOW_MS + 7_000)
+    assert scene.holds.held_until(decision, [key], NOW_MS + 5, 10**9) == NOW_MS + 7_000
+
+
+@pytest.mark.parametrize("released_after_until_ms", [0, -5])  # its tick's rounding: before
+def test_bytes_forwarded_since_extend_a_throttle_its_timer_already_released(
+    scene: Scene, released_after_until_ms: int
+) -> None:
+    """The engine releases a throttle whose ``until`` has passed (``released_at`` is its
+    micro-batch's time): bytes forwarded after the decision still hold the client."""
+    key: ClientKey = ("produce", "ANONYMOUS", "c", 1)
+    decision = engine_decision(key, 3_150_000, NOW_MS)  # held 0.5 s
+    released = msgspec.structs.replace(
+        decision, released_at=decision.until + released_after_until_ms
+    )
+    scene.holds.forwarded.record(key, 3_150_000, NOW_MS)
+    extended = scene.holds.held_until(released, [key], NOW_MS + 600, 600_000)
+    assert extended == scene.holds.held_until(decision, [key], NOW_MS + 600, 600_000)
+    assert extended == decision.until + 2_000

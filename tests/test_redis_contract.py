@@ -6,10 +6,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
-import msgspec
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -28,7 +25,6 @@ from quotastream.redis_contract import (
 from state.config import parse_quota_config
 from state.events import EventBounds
 from state.remote_log_view import RemoteLog, RetentionView
-from state.throttle import throttle_ms
 from streaming.commands.live_view import Snapshot
 from streaming.engine.batch_summary import throttled_at
 from streaming.engine.sinks import SinkSettings, decision_values, write_batches
@@ -289,68 +285,3 @@ def test_the_live_view_counts_only_what_an_agent_would_enforce_as_throttled() ->
     )
     assert [d.entity for d in view.throttled] == ["user=enforced"]
     assert view.summary() == "4 entities decided; over limit: produce=4; throttled now: produce=1"
-
-
-def _decision(rate: float, limit: float | None, window_ms: int, **fields: object) -> Decision:
-    """A produce decision made at 1,000 s of ``rate`` over ``window_ms``, with the engine's
-    throttle (``state.throttle``)."""
-    bound = np.array([np.inf if limit is None else limit])
-    delay = int(throttle_ms(np.array([rate]), bound, np.array([window_ms]))[0])
-    values: dict[str, Any] = {
-        "quota": "produce",
-        "entity": "client-id=c,broker=1",
-        "throttle_ms": delay,
-        "until": 1_000_000 + delay,
-        "rate": rate,
-        "limit": limit,
-        "exceeded": delay > 0,
-        "window_ms": window_ms,
-        "decided_at": 1_000_000,
-    }
-    return Decision(**(values | fields))
-
-
-@given(
-    rate=st.floats(0, 10_000_000),
-    limit=st.integers(1, 1_000_000),
-    window_ms=st.integers(1000, 100_000),
-    unseen=st.integers(0, 100_000_000),
-)
-def test_a_decision_with_unseen_bytes_ends_when_the_engine_would_have_ended_it(
-    rate: float, limit: int, window_ms: int, unseen: int
-) -> None:
-    """``until_with``: the throttle of the window's bytes and the unseen ones, by the engine's
-    own formula (to the millisecond it rounds to), never before the decision's ``until``."""
-    decision = _decision(rate, float(limit), window_ms)
-    seen_all = _decision(rate + unseen * 1000 / window_ms, float(limit), window_ms)
-    until = decision.until_with(unseen)
-    assert until >= decision.until
-    assert abs(until - seen_all.until) <= 1
-    assert decision.until_with(0) - decision.until <= 1
-    # Each limit's worth of bytes holds a throttled client a second more.
-    if unseen * 1000 / window_ms + rate > limit:
-        assert decision.until_with(unseen + limit * 3) - until in range(2999, 3002)
-
-
-def test_unseen_bytes_hold_nobody_on_a_decision_that_does_not_bind() -> None:
-    decision = msgspec.structs.replace(
-        _decision(150.0, 100.0, 10_000), mode="shadow", enforced=False
-    )
-    assert decision.until_with(10**9) == decision.decided_at
-
-
-@pytest.mark.parametrize("limit", [None, 0.0], ids=["unlimited", "a-limit-of-zero"])
-def test_without_a_limit_to_divide_by_a_decision_ends_at_its_until(limit: float | None) -> None:
-    """A limit of 0 throttles for as long as the engine can say; unseen bytes change nothing."""
-    decision = _decision(150.0, limit, 10_000)
-    assert decision.until_with(10**9) == decision.until
-    assert (decision.until > decision.decided_at) == (limit == 0.0)
-
-
-@pytest.mark.parametrize("released_after_until_ms", [0, -5])  # its tick's rounding: before
-def test_unseen_bytes_extend_a_throttle_whose_timer_already_released_it(
-    released_after_until_ms: int,
-) -> None:
-    decision = _decision(150.0, 100.0, 10_000)  # 5 s
-    released = _decision(150.0, 100.0, 10_000, released_at=decision.until + released_after_until_ms)
-    assert released.until_with(200) == decision.until_with(200) == decision.until + 2000

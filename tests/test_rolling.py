@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from state.encoding import StateDecodeError, StoredTables, decode_tables, encode_tables
 from state.quota_types import WindowRule
-from state.rolling import Measurement, RollingTable, WindowSpec
+from state.rolling import Measurement, RollingTable
+from state.window import Window, WindowSpec, spread_over, window_at
 from tests.oracle import KafkaRate, Measured, OracleWindow
 
 BASE = 1_700_000_000_000  # epoch ms, a multiple of 1000
@@ -389,3 +390,69 @@ def test_stored_rows_are_found_by_key(keys: list[str], wanted: list[str]) -> Non
     assert set(found.keys) == set(keys) & set(asked)
     for key in found.keys:
         assert table_state(found)[key] == table_state(table)[key]
+
+
+@settings(max_examples=400, deadline=None)
+@given(stream=event_streams())
+def test_an_entitys_kept_samples_measure_its_window_as_the_table_does(
+    stream: tuple[WindowSpec, list[Event]],
+) -> None:
+    """``window_at``, one entity's window from its samples (what an enforcement point measures
+    its own count by), is the table's measurement at the entity's last event."""
+    spec, events = stream
+    table = RollingTable(spec)
+    measured = record(table, events)
+    last = {e.entity: i for i, e in enumerate(events)}
+    for entity, i in last.items():
+        clock = int(measured.clock_ms[i])
+        window = window_at(table.retained(f"e{entity}"), clock, spec)
+        assert (window.nbytes, window.size_ms) == (
+            measured.window_bytes[i],
+            measured.window_size_ms[i],
+        )
+
+
+def test_a_window_forgets_a_sample_as_it_slides_past_it() -> None:
+    """An entity's window later than its last event: a burst leaves it whole once its sample is
+    older than the window and the overlapping sample's last event is old enough."""
+    samples = {BASE // 1000: (5_000, BASE + 400), BASE // 1000 + 3: (100, BASE + 3_000)}
+    assert window_at(samples, BASE + 10_999, KAFKA) == Window(5_100, 10_999)
+    # BASE's sample overlaps the window from BASE + 11 s until its last event is 11 s old.
+    assert window_at(samples, BASE + 11_399, KAFKA) == Window(5_100, 11_399)
+    assert window_at(samples, BASE + 11_400, KAFKA) == Window(100, 10_400)
+    # A sample not begun at the clock is not counted.
+    assert window_at(samples, BASE + 2_000, KAFKA) == Window(5_000, 10_000)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    spec=st.builds(
+        WindowSpec,
+        samples=st.integers(1, 12),
+        window_ms=st.sampled_from([1, 7, 1000]),
+        rule=st.just(WindowRule.RATE),
+    ),
+    clock=st.integers(BASE, BASE + 50_000),
+    nbytes=st.integers(1, 10**9),
+    kept=st.dictionaries(st.integers(0, 5), st.integers(0, 10**6), max_size=4),
+)
+def test_bytes_spread_over_a_window_are_all_in_it_and_leave_it_as_it_slides(
+    spec: WindowSpec, clock: int, nbytes: int, kept: dict[int, int]
+) -> None:
+    """``spread_over`` a client quota's window measured at ``clock`` (its ``size_ms`` up to the
+    clock): every byte counted there, over the same window; none once it has slid past."""
+    width = spec.window_ms
+    samples = {
+        clock // width - back: (n, (clock // width - back) * width) for back, n in kept.items()
+    }
+    before = window_at(samples, clock, spec)
+    start = clock + 1 - before.size_ms
+    spread = spread_over(samples, nbytes, start, clock + 1, width)
+    assert sum(n for n, _ in spread.values()) == pytest.approx(
+        nbytes + sum(n for n, _ in samples.values())
+    )
+    after = window_at(spread, clock, spec)
+    assert after.nbytes == pytest.approx(before.nbytes + nbytes)
+    assert after.size_ms == before.size_ms
+    gone = window_at(spread, clock + spec.span_ms, spec)
+    assert gone.nbytes == 0

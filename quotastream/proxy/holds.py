@@ -9,17 +9,24 @@ the engine wrote it, plus one round trip; while Redis is unreachable the cached 
 by its failure policy (fail open: no hold; fail closed: ``fail_closed_delay_ms``), and counts
 each answer by its source (``quotastream_agent_answers_total``).
 
-A hold is the client's remaining throttle: the end of its decision's throttle, as an instant of
-this process's monotonic clock. The engine's decision counts the bytes up to its last event
-(``decided_at``) and reaches the proxy a flush, a trigger, a micro-batch and a refresh later
-(about a second or two): a client released by it would send at its own rate all that time,
-bytes the next decision pays back only in part, since the window forgets them as it slides (a
-producer offering 3x its quota got 1.1-1.6x of it through). So the proxy counts what it
-forwarded for each client (:class:`Forwarded`) and holds the client until
-``Decision.until_with`` the bytes of its entity forwarded after ``decided_at``: Kafka's throttle
-of the decision's window and those bytes, as if the engine had seen them (each byte adds
-``1 / limit`` seconds). What it forwards between two refreshes is counted at the next one. Bytes
-that other proxies forwarded for the same entity are counted by the engine only.
+A hold is the client's remaining throttle, as an instant of this process's monotonic clock.
+The engine's decision counts the bytes up to its last event (``decided_at``) and reaches the
+proxy a flush, a trigger, a micro-batch and a refresh later (about a second or two). Two things
+happen to the client's window meanwhile, and the proxy measures both itself
+(:meth:`Holds.held_until`) from its own count of what it forwarded (:class:`Forwarded`):
+
+* the client sends: a client released by a decision would send at its own rate all that time,
+  bytes the next decision pays back only in part (a producer offering 3x its quota got
+  1.1-1.6x of it through), so each byte forwarded since ``decided_at`` adds ``1 / limit``
+  seconds at once, on every broker of the entity;
+* the window slides: a burst leaves it whole when its sample gets older than the window (a
+  greedy consumer takes ten windows' worth at once and is then held until then), and a broker
+  serves the next request at once, where a decision made before would hold the client a
+  decision's latency longer (a greedy consumer's cycle of 11 s became 13 s).
+
+What it forwards between two refreshes is counted at the next one. Bytes that other proxies
+forwarded for the same entity are counted by the engine only, and stay in the window as the
+decision counted them: only this proxy's own bytes are seen to leave it.
 
 A fail-closed answer has no ``until`` of its own: it holds the client
 ``fail_closed_delay_ms`` from the pass that gave it, and the next one starts when that ended, so
@@ -32,6 +39,7 @@ spread over many brokers is held on all of them by a cluster-wide decision.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import defaultdict, deque
@@ -39,29 +47,35 @@ from collections.abc import Callable, Iterable
 
 from quotastream.cache import CachedQuotaClient, Source
 from quotastream.redis_contract import Decision
+from state.window import spread_over, window_at
 
 log = logging.getLogger(__name__)
 
 #: (quota, user, client-id, broker): what a client's decision is looked up by.
 ClientKey = tuple[str, str, str, int]
 
-#: How long forwarded bytes are kept for a decision that has not counted them yet: longer than
-#: a decision's latency (the engine's batches run in seconds), short enough to bound memory: a
-#: bucket per millisecond with traffic, so at most 10,000 per client (about 1 MB), and as many
-#: as the requests of those 10 s over all clients (300,000 at the proxy's 30,000 a second).
-FORWARDED_HORIZON_MS = 10_000
-
 
 class Forwarded:
-    """The counted bytes forwarded per client, by millisecond, since the client's decision.
+    """The counted bytes forwarded per client, for as long as they may count in its window.
 
-    :meth:`record` runs on the connections' event loop and :meth:`since` / :meth:`forget_until`
-    on the refresh thread: a deque's append and popleft are atomic, and a millisecond bucket is
-    added to in place (bytes added to a bucket while it is dropped as older than a decision
-    belong to the decision's own millisecond, which the engine may have counted already)."""
+    Bytes a decision has counted are folded into the window's aligned samples (a sum and the
+    last millisecond per sample, at most ``samples + 1`` of them per client); the ones since are
+    kept by the millisecond, to tell them apart from what the next decision counts.
+
+    :meth:`record` runs on the connections' event loop, :meth:`fold` and :meth:`forget_until` on
+    the refresh thread, :meth:`samples` on both. A deque's append and popleft are atomic, copies
+    are taken in one C call under the GIL, and a millisecond bucket is added to in place; a bucket
+    is added to its sample before it leaves the deque, so a reader may count it twice for an
+    instant, never miss it (bytes added to a bucket as it is folded belong to the decision's own
+    millisecond, which the engine may have counted already).
+
+    Memory: per client, a bucket per millisecond with traffic since its decision (the engine's
+    latency: a second or two; for an undecided client, the window's span) and a dozen samples."""
 
     def __init__(self) -> None:
         self._sent: dict[ClientKey, deque[list[int]]] = {}
+        #: Per client: the sample width and ``{sample: [bytes, last ms]}`` folded so far.
+        self._folded: dict[ClientKey, tuple[int, dict[int, list[int]]]] = {}
 
     def record(self, key: ClientKey, nbytes: int, now_ms: int) -> None:
         sent = self._sent.get(key)
@@ -72,25 +86,57 @@ class Forwarded:
         else:
             sent.append([now_ms, nbytes])
 
-    def since(self, keys: Iterable[ClientKey], after_ms: int) -> int:
-        """Bytes forwarded for ``keys`` after ``after_ms``."""
-        total = 0
+    def samples(
+        self, keys: Iterable[ClientKey], window_ms: int, until_ms: int | None = None
+    ) -> dict[int, tuple[int, int]]:
+        """The bytes forwarded for ``keys`` (up to ``until_ms``: it must not be before what was
+        folded) as a window's aligned samples: ``{sample: (bytes, last forwarded ms)}``."""
+        samples: dict[int, tuple[int, int]] = {}
+
+        def add(sample: int, nbytes: int, last: int) -> None:
+            total, latest = samples.get(sample, (0, last))
+            samples[sample] = (total + nbytes, max(latest, last))
+
         for key in keys:
-            # A copy: the event loop appends meanwhile (copied in one C call, under the GIL).
-            for at, nbytes in reversed(tuple(self._sent.get(key, ()))):
-                if at <= after_ms:
+            width, folded = self._folded.get(key, (window_ms, {}))
+            if width == window_ms:
+                for sample, (nbytes, last) in dict(folded).items():
+                    add(sample, nbytes, last)
+            for at, nbytes in tuple(self._sent.get(key, ())):
+                if until_ms is not None and at > until_ms:
                     break
-                total += nbytes
-        return total
+                add(at // window_ms, nbytes, at)
+        return samples
+
+    def fold(self, key: ClientKey, until_ms: int, window_ms: int, oldest_sample: int) -> None:
+        """Folds the buckets at or before ``until_ms`` into their samples, and drops what is
+        before ``oldest_sample`` (no window counts it any more)."""
+        width, folded = self._folded.get(key, (window_ms, {}))
+        if width != window_ms:  # the live configuration changed the quota's samples
+            folded = {}
+        self._folded[key] = (window_ms, folded)
+        sent = self._sent.get(key)
+        while sent and sent[0][0] <= until_ms:
+            at, nbytes = sent[0]
+            bucket = folded.setdefault(at // window_ms, [0, at])
+            bucket[0] += nbytes
+            bucket[1] = max(bucket[1], at)
+            sent.popleft()
+        for sample in [sample for sample in folded if sample < oldest_sample]:
+            del folded[sample]
+        while sent and sent[0][0] // window_ms < oldest_sample:
+            sent.popleft()
 
     def forget_until(self, key: ClientKey, until_ms: int) -> None:
-        """Drops the buckets at or before ``until_ms`` (counted by a decision, or too old)."""
+        """Drops the buckets at or before ``until_ms`` (of a client no decision counts)."""
+        self._folded.pop(key, None)
         sent = self._sent.get(key)
         while sent and sent[0][0] <= until_ms:
             sent.popleft()
 
     def forget(self, key: ClientKey) -> None:
         self._sent.pop(key, None)
+        self._folded.pop(key, None)
 
 
 class Holds:
@@ -145,15 +191,54 @@ class Holds:
     def over_quota_with(self, key: ClientKey, nbytes: int) -> int:
         """How long the client would be throttled had its counter also recorded ``nbytes`` now
         (0: within its quota). A broker asks it of each Fetch response before it sends it: one
-        over the quota is answered empty instead, and not recorded. It adds up the bytes
-        forwarded since the decision (:meth:`Forwarded.since`): for fetch responses, which come
-        at most a few per connection a second."""
+        over the quota is answered empty instead, and not recorded. It measures the bytes
+        forwarded until now (:meth:`held_until`): for fetch responses, which come at most a few
+        per connection a second."""
         decided = self._decided.get(key)
         if decided is None:
             return 0
         decision, keys = decided
-        unseen = self.forwarded.since(keys, decision.decided_at)
-        return max(decision.until_with(unseen + nbytes) - self._wall_clock_ms(), 0)
+        now_ms = self._wall_clock_ms()
+        return max(self.held_until(decision, keys, now_ms, nbytes) - now_ms, 0)
+
+    def held_until(
+        self, decision: Decision, keys: Iterable[ClientKey], now_ms: int, extra_bytes: int = 0
+    ) -> int:
+        """When (wall ms) a throttle by ``decision`` ends, measured at ``now_ms`` with the bytes
+        forwarded for its entity's ``keys`` and ``extra_bytes`` more: Kafka's throttle
+        ``window_ms x (bytes / window_ms - limit) / limit`` of the window as it is now.
+
+        The decision counted ``rate x window_ms`` bytes at ``decided_at``; of those, the ones this
+        proxy forwarded are measured again from its own count (``Forwarded``), so that they leave
+        the window as it slides, and the bytes it forwarded since are added; the rest (forwarded
+        by other proxies) stay as counted. Measured at ``decided_at`` it is the decision's own
+        ``until``; later, each byte adds ``1 / limit`` seconds, and a sample leaving the window
+        takes its bytes with it, as a broker measures each request when it arrives. A decision
+        that does not bind holds nobody; without a limit to divide by (unlimited, or a limit of
+        0, which no byte fits) it holds until ``until``."""
+        if not decision.enforced:
+            return now_ms
+        if decision.limit is None or decision.limit <= 0:
+            return decision.until
+        keys = tuple(keys)
+        spec = self._decisions.client.window_of(decision.quota)
+        decided_at = decision.decided_at
+        counted = window_at(
+            self.forwarded.samples(keys, spec.window_ms, decided_at), decided_at, spec
+        )
+        by_others = max(decision.rate * decision.window_ms / 1000 - counted.nbytes, 0.0)
+        samples = spread_over(
+            self.forwarded.samples(keys, spec.window_ms),
+            by_others,
+            decided_at + 1 - decision.window_ms,  # the window_ms ms up to decided_at
+            decided_at + 1,
+            spec.window_ms,
+        )
+        window = window_at(samples, max(now_ms, decided_at), spec)
+        window_bytes = window.nbytes + extra_bytes
+        over_ms = window_bytes / decision.limit * 1000 - window.size_ms
+        # Rounded first: bytes spread over samples sum to a hair more than they were.
+        return max(now_ms, decided_at) + max(math.ceil(round(over_ms, 6)), 0)
 
     def largest_fetch(self, key: ClientKey) -> int | None:
         """The most a fetch of the client may return (its fetch quota's window, as a broker caps
@@ -184,32 +269,41 @@ class Holds:
                 continue  # a policy hold runs its course: re-read, it would never end
             if answer.decision is not None and answer.source is not Source.FAIL_CLOSED:
                 decided[key] = answer.decision
+            elif answer.source in (Source.FRESH, Source.CACHED, Source.STALE):
+                # Not decided yet (the engine has not read its first bytes): measured from
+                # nothing, as a broker measures a client it has just met.
+                decided[key] = self._decisions.client.undecided(*key)
             elif answer.throttle_ms > 0:
                 self._until[key] = self._clock() + answer.throttle_ms / 1000
             else:
                 self._until.pop(key, None)
             if key not in decided:
-                self.forwarded.forget_until(key, self._wall_clock_ms() - FORWARDED_HORIZON_MS)
+                span_ms = self._decisions.client.window_of(key[0]).span_ms
+                self.forwarded.forget_until(key, self._wall_clock_ms() - span_ms)
         self._hold_for_forwarded(decided)
 
     def _hold_for_forwarded(self, decided: dict[ClientKey, Decision]) -> None:
-        """Holds each decided client until its decision's end with the bytes forwarded for its
-        entity (on any broker: a cluster-wide quota's entity is one) since ``decided_at``."""
+        """Holds each decided client until its decision's end measured now (:meth:`held_until`),
+        with the bytes forwarded for its entity on any broker (a cluster-wide quota's entity is
+        one)."""
         keys_of: dict[tuple[str, str], list[ClientKey]] = defaultdict(list)
         for key, decision in decided.items():
             keys_of[decision.key].append(key)
         self._decided = {key: (d, tuple(keys_of[d.key])) for key, d in decided.items()}
         wall_ms, now = self._wall_clock_ms(), self._clock()
         for key, decision in decided.items():
-            keys = keys_of[decision.key]
-            until_ms = decision.until_with(self.forwarded.since(keys, decision.decided_at))
-            self.forwarded.forget_until(
-                key, max(decision.decided_at, wall_ms - FORWARDED_HORIZON_MS)
-            )
+            until_ms = self.held_until(decision, keys_of[decision.key], wall_ms)
             if until_ms > wall_ms:
                 self._until[key] = now + (until_ms - wall_ms) / 1000
             else:
                 self._until.pop(key, None)
+        for key, decision in decided.items():
+            spec = self._decisions.client.window_of(key[0])
+            # Kept as long as the decision's own window may count them (its overlapping sample),
+            # or a window now (a client not decided yet).
+            counted_since = max(decision.decided_at, wall_ms - spec.span_ms)
+            oldest = counted_since // spec.window_ms - spec.samples
+            self.forwarded.fold(key, decision.decided_at, spec.window_ms, oldest)
 
     def _run(self) -> None:
         while not self._stopped.is_set():
