@@ -25,8 +25,11 @@ happen to the client's window meanwhile, and the proxy measures both itself
   decision's latency longer (a greedy consumer's cycle of 11 s became 13 s).
 
 What it forwards between two refreshes is counted at the next one. Bytes that other proxies
-forwarded for the same entity are counted by the engine only, and stay in the window as the
-decision counted them: only this proxy's own bytes are seen to leave it.
+forwarded for the same entity are counted by the engine only: the proxy knows how many the
+decision counted, not when each came, so it places them evenly over the decision's window, as a
+steady stream would have put them, and they leave it as it slides. A client the engine has not
+decided yet (its first bytes are still on their way to it) is measured from nothing, under the
+limit it resolves to locally, as a broker measures a client it has just met.
 
 A fail-closed answer has no ``until`` of its own: it holds the client
 ``fail_closed_delay_ms`` from the pass that gave it, and the next one starts when that ended, so
