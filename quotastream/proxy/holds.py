@@ -214,11 +214,12 @@ class Holds:
         The decision counted ``rate x window_ms`` bytes at ``decided_at``; of those, the ones this
         proxy forwarded are measured again from its own count (``Forwarded``), so that they leave
         the window as it slides, and the bytes it forwarded since are added; the rest (forwarded
-        by other proxies) stay as counted. Measured at ``decided_at`` it is the decision's own
-        ``until``; later, each byte adds ``1 / limit`` seconds, and a sample leaving the window
-        takes its bytes with it, as a broker measures each request when it arrives. A decision
-        that does not bind holds nobody; without a limit to divide by (unlimited, or a limit of
-        0, which no byte fits) it holds until ``until``."""
+        by other proxies, at times it does not know) are placed evenly over the decision's window
+        (``spread_over``), and leave it as a steady stream's would. Measured at ``decided_at`` it
+        is the decision's own ``until``; later, each byte adds ``1 / limit`` seconds, and a
+        sample leaving the window takes its bytes with it, as a broker measures each request when
+        it arrives. A decision that does not bind holds nobody; without a limit to divide by
+        (unlimited, or a limit of 0, which no byte fits) it holds until ``until``."""
         if not decision.enforced:
             return now_ms
         if decision.limit is None or decision.limit <= 0:
