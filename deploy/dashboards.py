@@ -698,11 +698,153 @@ def engine_health() -> dashboard.Dashboard:
     )
 
 
+def proxy() -> dashboard.Dashboard:
+    def per_second(metric: str, by: str, legend: str) -> Query:
+        return (f"sum by ({by}) (rate({metric}[$__rate_interval]))", legend)
+
+    return (
+        _dashboard(
+            "quotastream-proxy",
+            "quotastream / Proxy",
+            "quotastream proxy (docs/proxy.md): client traffic forwarded to the brokers, clients "
+            "held by the engine's decisions, usage events published to the engine.",
+        )
+        .with_panel(
+            _stat(
+                "Connections",
+                "Client connections open through the proxies.",
+                "none",
+                [("sum(quotastream_proxy_connections)", "open")],
+            )
+        )
+        .with_panel(
+            _stat(
+                "Brokers",
+                "Brokers each proxy has a port for (from the latest Metadata response).",
+                "none",
+                [("max(quotastream_proxy_brokers)", "brokers")],
+            )
+        )
+        .with_panel(
+            _stat(
+                "Usage events dropped (1h)",
+                "Usage events that could not be published: clients were not held for those "
+                "bytes (alert QuotastreamProxyDroppingUsage).",
+                "none",
+                [("sum(increase(quotastream_proxy_events_dropped_total[1h]))", "dropped")],
+                red_at=1,
+            )
+        )
+        .with_panel(
+            _stat(
+                "Emptied fetches/s",
+                "Fetch responses over a client's quota, answered empty as a broker answers them.",
+                "none",
+                [
+                    (
+                        "sum(rate(quotastream_proxy_emptied_fetches_total[$__rate_interval]))",
+                        "emptied",
+                    )
+                ],
+            )
+        )
+        .with_panel(
+            _series(
+                "Requests/s by API",
+                "Requests forwarded to the brokers.",
+                "reqps",
+                [per_second("quotastream_proxy_requests_total", "api", "{{api}}")],
+            )
+        )
+        .with_panel(
+            _series(
+                "Bytes/s by API",
+                "Frame bytes forwarded: requests to the brokers, responses to the clients.",
+                "Bps",
+                [
+                    per_second(
+                        "quotastream_proxy_bytes_total", "api, direction", "{{api}} {{direction}}"
+                    )
+                ],
+            )
+        )
+        .with_panel(
+            _series(
+                "Clients held",
+                "Produce and Fetch responses whose throttle the engine's decision raised, and "
+                "connection-seconds muted per second (about the connections held at a time).",
+                "none",
+                [
+                    per_second(
+                        "quotastream_proxy_throttled_responses_total", "api", "{{api}} throttled/s"
+                    ),
+                    per_second("quotastream_proxy_held_seconds_total", "job", "connections held"),
+                ],
+            )
+        )
+        .with_panel(
+            _series(
+                "Usage events",
+                "Usage events the events topic acknowledged, and those dropped by reason with the "
+                "client bytes they counted.",
+                "none",
+                [
+                    per_second("quotastream_proxy_events_published_total", "job", "published/s"),
+                    per_second(
+                        "quotastream_proxy_events_dropped_total", "reason", "dropped/s {{reason}}"
+                    ),
+                    per_second(
+                        "quotastream_proxy_counted_bytes_dropped_total",
+                        "reason",
+                        "bytes dropped/s {{reason}}",
+                    ),
+                ],
+            )
+        )
+        .with_panel(
+            _series(
+                "Connections accepted and closed",
+                "Client connections accepted, and closed by reason (malformed frames, broker "
+                "gone, drained at shutdown, ...).",
+                "none",
+                [
+                    per_second("quotastream_proxy_connections_accepted_total", "job", "accepted/s"),
+                    per_second(
+                        "quotastream_proxy_connections_closed_total",
+                        "reason",
+                        "closed/s {{reason}}",
+                    ),
+                ],
+            )
+        )
+        .with_panel(
+            _series(
+                "Decision lookups by source",
+                "How the proxies' cached clients answered (fresh, cached, stale, fail_open, "
+                "fail_closed; alert QuotastreamAgentsFailing), and whether Redis is reachable.",
+                "none",
+                [
+                    per_second(
+                        'quotastream_agent_answers_total{job="quotastream-proxy"}',
+                        "source",
+                        "{{source}}/s",
+                    ),
+                    (
+                        'min(quotastream_agent_redis_up{job="quotastream-proxy"})',
+                        "Redis up (all proxies)",
+                    ),
+                ],
+            )
+        )
+    )
+
+
 DASHBOARDS: Final = {
     "quotas-overview.json": quotas_overview,
     "replication-throttling.json": replication,
     "tiered-storage.json": tiered_storage,
     "engine-health.json": engine_health,
+    "proxy.json": proxy,
 }
 
 

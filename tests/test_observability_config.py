@@ -20,7 +20,12 @@ import pytest
 import yaml
 
 from deploy import dashboards
-from deploy.metrics import CONTRACT_METRIC_NAMES, agent_metric_names, queryable_names
+from deploy.metrics import (
+    CONTRACT_METRIC_NAMES,
+    agent_metric_names,
+    proxy_metric_names,
+    queryable_names,
+)
 from streaming.commands.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,7 +151,7 @@ def test_committed_dashboards_match_the_generator() -> None:
 
 def test_dashboard_uids_are_unique() -> None:
     uids = [json.loads(text)["uid"] for text in dashboards.render().values()]
-    assert len(set(uids)) == len(uids) == 4
+    assert len(set(uids)) == len(uids) == len(dashboards.DASHBOARDS) == 5
 
 
 def _datasource_refs(node: Any, where: str) -> Iterator[tuple[str, Any]]:
@@ -218,7 +223,9 @@ def test_dashboards_read_only_contract_metrics() -> None:
         assert not unknown, f"{where}: {sorted(unknown)} not in deploy.metrics"
         used |= names
     histogram_bases = {re.sub(r"_(bucket|sum|count)$", "", name) for name in used}
-    assert histogram_bases | used >= CONTRACT_METRIC_NAMES, "every metric is on a dashboard"
+    on_dashboards = histogram_bases | used
+    assert on_dashboards >= CONTRACT_METRIC_NAMES, "every metric is on a dashboard"
+    assert on_dashboards >= proxy_metric_names(), "every proxy metric is on a dashboard"
 
 
 @pytest.mark.parametrize(
