@@ -293,6 +293,34 @@ def start_kafka_cluster(
     return KafkaCluster(nodes)
 
 
+def tiered_storage_properties(
+    store: Path, *, task_interval_ms: int = 500, metadata_partitions: int = 5
+) -> dict[str, str]:
+    """Node properties for tiered storage on Kafka's own ``LocalTieredStorage`` (the test
+    classifier jars ``scripts/kafka/pom.xml`` fetches), with the segments of every node in
+    ``store`` (a new leader reads what an earlier one uploaded), and the topic-based remote log
+    metadata manager on the inter-broker listener. Kafka's tasks (copy, expiration, retention)
+    run every ``task_interval_ms`` instead of every 30 s and 5 minutes, so that a segment rolled
+    is uploaded, and one expired deleted, within a second or two. ``__remote_log_metadata`` gets
+    ``metadata_partitions`` partitions (Kafka's default is 50, each one a consumer's and a
+    producer's work on every node)."""
+    rlmm = "rlmm.config.remote.log.metadata"
+    return {
+        "remote.log.storage.system.enable": "true",
+        "remote.log.storage.manager.class.name": (
+            "org.apache.kafka.server.log.remote.storage.LocalTieredStorage"
+        ),
+        "remote.log.metadata.manager.listener.name": "INTERNAL",
+        "rsm.config.dir": str(store),
+        "rsm.config.delete.on.close": "false",
+        f"{rlmm}.topic.num.partitions": str(metadata_partitions),
+        f"{rlmm}.initialization.retry.interval.ms": "300",
+        "remote.log.manager.task.interval.ms": str(task_interval_ms),
+        "log.retention.check.interval.ms": str(task_interval_ms),
+        "log.initial.task.delay.ms": str(task_interval_ms),
+    }
+
+
 #: Free ports tried for a node: another process may take a port between its choice and the bind.
 _PORT_ATTEMPTS = 3
 

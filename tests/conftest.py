@@ -77,6 +77,7 @@ LAYERS: Final[Mapping[str, str]] = {
     "test_prometheus.py": "scenario",
     "test_proxy.py": "scenario",
     "test_proxy_faults.py": "scenario",
+    "test_remote_log_metadata.py": "scenario",
     "test_run_command.py": "scenario",
     "test_security.py": "scenario",
     "test_streaming.py": "scenario",
@@ -104,6 +105,7 @@ STARTED_BY_FIXTURE: Final[Mapping[str, str]] = {
     "tests.test_proxy.scram_broker": SERVERS,
     "tests.test_proxy.scram_cluster": SERVERS,
     "tests.test_redis_contract.server": SERVERS,
+    "tests.test_remote_log_metadata.tiered_cluster": SERVERS,
     "tests.test_security.servers": SERVERS,
 }
 

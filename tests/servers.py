@@ -141,3 +141,22 @@ def wait_until_in_sync(
             time.sleep(0.2)
     finally:
         admin.close()
+
+
+def wait_until_registered(bootstrap_servers: str, brokers: int, timeout_s: float = 60) -> None:
+    """Until ``brokers`` brokers are registered and unfenced, the controller among them: each node
+    reports it started before the quorum has unfenced every one, and kafka-python's admin client
+    refuses a request to a controller whose address it does not know yet
+    (``UnknownBrokerIdError``)."""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            cluster = admin.describe_cluster()
+            serving = {b["broker_id"] for b in cluster["brokers"] if not b["is_fenced"]}
+            if len(serving) == brokers and cluster["controller_id"] in serving:
+                return
+            assert time.monotonic() < deadline, f"registered and unfenced: {sorted(serving)}"
+            time.sleep(0.2)
+    finally:
+        admin.close()
