@@ -56,6 +56,7 @@ LAYERS: Final[Mapping[str, str]] = {
     "test_outage_clock.py": "agent",
     "test_proxy_protocol.py": "agent",
     "test_proxy_holds.py": "agent",
+    "test_remote_segments.py": "agent",
     "test_redis_contract.py": "agent",
     "test_admin_cli.py": "admin",
     "test_cli.py": "admin",

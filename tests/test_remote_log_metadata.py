@@ -7,7 +7,7 @@ through Kafka's getters; the test renders its own decoding the same way."""
 
 from __future__ import annotations
 
-import base64
+import json
 import re
 import struct
 import subprocess
@@ -30,7 +30,10 @@ from quotastream.brokers.remote_log_metadata import (
     SEGMENT_UPDATE,
     RemoteLogMetadataSchemas,
     UndecodableRecordError,
+    kafka_uuid,
 )
+from quotastream.brokers.segments import SegmentLifecycle
+from state.events import parse_events
 from streaming.kafka_broker import (
     KafkaCluster,
     kafka_libs,
@@ -56,11 +59,6 @@ def tiered_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCl
     with start_kafka_cluster(3, properties=tiered_storage_properties(store)) as cluster:
         wait_until_registered(cluster.address, 3)
         yield cluster
-
-
-def kafka_uuid(value: uuid.UUID) -> str:
-    """Kafka's ``Uuid.toString``: URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(value.bytes).rstrip(b"=").decode()
 
 
 def render(schemas: RemoteLogMetadataSchemas, value: bytes) -> str:
@@ -215,7 +213,23 @@ def test_every_record_of_a_segments_life_decodes_as_kafka_decodes_it(
 
     ours = [render(schemas, value) for value in values]
     assert ours == kafka_renders(values)
-    assert len(segment_states(ours)) >= 3
+    states = segment_states(ours)
+    assert len(states) >= 3
+
+    # The engine's events of them: each upload counted from its finish to its deletion's.
+    lifecycle = SegmentLifecycle()
+    made = [event for value in values for event in lifecycle.apply(schemas.decode(value))]
+    assert sorted((e["segment_id"], e["state"]) for e in made) == sorted(
+        (segment, state)
+        for segment, lived in states.items()
+        if lived == deleted
+        for state in ("copy_finished", "delete_finished")
+    )
+    assert len(lifecycle) == sum(lived == copied[:1] for lived in states.values())
+    # ... and the engine's validator accepts every one (one batched message).
+    parsed = parse_events([json.dumps(made).encode()])
+    assert parsed.rejected.empty, parsed.rejected.to_dict("records")
+    assert len(parsed.accepted) == len(made)
 
 
 # --- what is refused, and why: a value Kafka's serde wrote, altered -----------------------------

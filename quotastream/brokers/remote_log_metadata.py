@@ -14,9 +14,11 @@ kafka-python's schema-driven codec (``kafka.protocol.schemas.StructField``) does
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import re
+import uuid
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +132,11 @@ class RemoteLogMetadataSchemas:
         if data.read(1):
             raise UndecodableRecordError(f"bytes after the end of its {schema.name}")
         return Decoded(schema.name, version, message)
+
+
+def kafka_uuid(value: uuid.UUID) -> str:
+    """A Kafka ``Uuid`` as Kafka prints it (``Uuid.toString``: URL-safe base64, no padding)."""
+    return base64.urlsafe_b64encode(value.bytes).rstrip(b"=").decode()
 
 
 def _schema(document: dict[str, Any]) -> _Schema:
