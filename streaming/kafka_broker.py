@@ -286,7 +286,9 @@ def start_kafka_cluster(
             "default.replication.factor",
         )
     }
-    ports = [free_port() for _ in range(size)]
+    ports: list[int] = []
+    for _ in range(size):
+        ports.append(free_port(avoid=ports))
     nodes = _start_nodes(
         ports, security, replicated | dict(properties or {}), heap, timeout, standalone=False
     )
@@ -365,8 +367,10 @@ def _start_nodes(
     libs = kafka_libs()
     version = kafka_version(libs)
     cluster_id = new_cluster_id()
-    internal_ports = [free_port() for _ in ports]
-    controller_ports = [free_port() for _ in ports]
+    chosen = list(ports)
+    for _ in range(2 * len(ports)):
+        chosen.append(free_port(avoid=chosen))
+    internal_ports, controller_ports = chosen[len(ports) : 2 * len(ports)], chosen[2 * len(ports) :]
     voters = ",".join(
         f"{node_id}@{LOOPBACK}:{controller}"
         for node_id, controller in enumerate(controller_ports, start=1)

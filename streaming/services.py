@@ -23,7 +23,7 @@ import ssl
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -122,15 +122,19 @@ def _wait_until_stopped(pid: int, timeout_s: float = 10.0) -> None:
         time.sleep(0.001)
 
 
-def free_port() -> int:
-    """A loopback port no server listens on, chosen below the kernel's ephemeral range.
+def free_port(avoid: Collection[int] = ()) -> int:
+    """A loopback port no server listens on, chosen below the kernel's ephemeral range, and
+    not one of ``avoid`` (ports chosen for the same server, not bound yet: a random choice can
+    repeat one, and a node given the same port twice fails to start).
 
     A server that is stopped and started again on its port (an outage test, the durable
     broker's restart) must find it free: the kernel hands ephemeral ports to outgoing
     connections, and one made meanwhile (Spark, Kafka clients) could take the stopped server's
     port. Ports below the range are never handed out so.
     """
-    return free_ports(1)
+    while (port := free_ports(1)) in avoid:
+        pass
+    return port
 
 
 def free_ports(count: int) -> int:
