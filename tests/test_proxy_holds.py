@@ -166,12 +166,13 @@ def test_a_client_not_decided_yet_is_measured_from_nothing(scene: Scene) -> None
     assert holds.remaining_ms(key) in range(900, 902)
     assert holds.over_quota_with(key, 300_000) in range(1900, 1902)
     scene.refresh_at(NOW_MS + SPAN_MS)
-    assert holds.forwarded.samples([key], SAMPLE_MS) == {
-        NOW_MS // SAMPLE_MS: (3_300_000, NOW_MS + 1)
-    }
+    assert holds.forwarded.samples([key], SAMPLE_MS, NOW_MS) == (
+        {NOW_MS // SAMPLE_MS: (1_100_000, NOW_MS)},
+        {NOW_MS // SAMPLE_MS: (3_300_000, NOW_MS + 1)},
+    )
     assert holds.remaining_ms(key) == 0
     scene.refresh_at(NOW_MS + 2 * SPAN_MS)  # no window counts them any more
-    assert holds.forwarded.samples([key], SAMPLE_MS) == {}
+    assert holds.forwarded.samples([key], SAMPLE_MS, NOW_MS) == ({}, {})
 
 
 def test_a_burst_leaving_the_window_releases_the_client_before_a_decision_says_so(

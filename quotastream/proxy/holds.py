@@ -90,13 +90,15 @@ class Forwarded:
             sent.append([now_ms, nbytes])
 
     def samples(
-        self, keys: Iterable[ClientKey], window_ms: int, until_ms: int | None = None
-    ) -> dict[int, tuple[int, int]]:
-        """The bytes forwarded for ``keys`` (up to ``until_ms``: it must not be before what was
-        folded) as a window's aligned samples: ``{sample: (bytes, last forwarded ms)}``."""
-        samples: dict[int, tuple[int, int]] = {}
+        self, keys: Iterable[ClientKey], window_ms: int, split_ms: int
+    ) -> tuple[dict[int, tuple[int, int]], dict[int, tuple[int, int]]]:
+        """The bytes forwarded for ``keys`` as a window's aligned samples, ``{sample: (bytes,
+        last forwarded ms)}``: those up to ``split_ms`` (it must not be before what was folded),
+        and all of them. One pass: a fetch check asks for both."""
+        until: dict[int, tuple[int, int]] = {}
+        later: list[tuple[int, int]] = []
 
-        def add(sample: int, nbytes: int, last: int) -> None:
+        def add(samples: dict[int, tuple[int, int]], sample: int, nbytes: int, last: int) -> None:
             total, latest = samples.get(sample, (0, last))
             samples[sample] = (total + nbytes, max(latest, last))
 
@@ -104,12 +106,16 @@ class Forwarded:
             width, folded = self._folded.get(key, (window_ms, {}))
             if width == window_ms:
                 for sample, (nbytes, last) in dict(folded).items():
-                    add(sample, nbytes, last)
+                    add(until, sample, nbytes, last)
             for at, nbytes in tuple(self._sent.get(key, ())):
-                if until_ms is not None and at > until_ms:
-                    break
-                add(at // window_ms, nbytes, at)
-        return samples
+                if at > split_ms:
+                    later.append((at, nbytes))
+                else:
+                    add(until, at // window_ms, nbytes, at)
+        everything = dict(until)
+        for at, nbytes in later:
+            add(everything, at // window_ms, nbytes, at)
+        return until, everything
 
     def fold(self, key: ClientKey, until_ms: int, window_ms: int, oldest_sample: int) -> None:
         """Folds the buckets at or before ``until_ms`` into their samples, and drops what is
@@ -227,12 +233,11 @@ class Holds:
         keys = tuple(keys)
         spec = self._decisions.client.window_of(decision.quota)
         decided_at = decision.decided_at
-        counted = window_at(
-            self.forwarded.samples(keys, spec.window_ms, decided_at), decided_at, spec
-        )
+        until_decided, forwarded = self.forwarded.samples(keys, spec.window_ms, decided_at)
+        counted = window_at(until_decided, decided_at, spec)
         by_others = max(decision.rate * decision.window_ms / 1000 - counted.nbytes, 0.0)
         samples = spread_over(
-            self.forwarded.samples(keys, spec.window_ms),
+            forwarded,
             by_others,
             decided_at + 1 - decision.window_ms,  # the window_ms ms up to decided_at
             decided_at + 1,
