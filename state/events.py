@@ -40,6 +40,10 @@ class EventKind(StrEnum):
     LEADER_EPOCHS = "leader_epochs"
 
 
+#: Events about what storage holds, not traffic in a window: no relative past bound.
+STORAGE_KINDS = (EventKind.REMOTE_SEGMENT.value, EventKind.LEADER_EPOCHS.value)
+
+
 class RejectReason(StrEnum):
     """Why a payload was rejected; a small fixed set, so it can label a counter."""
 
@@ -189,11 +193,20 @@ class EventBounds:
     """Accepted event times, epoch ms, both ends inclusive.
 
     The defaults only catch gross mistakes (seconds sent as milliseconds, garbage); the engine
-    narrows them around its clock with :meth:`around`.
+    narrows them around its clock with :meth:`around`. The past bound narrows for traffic only:
+    ``remote_segment`` and ``leader_epochs`` events state what the remote store and a log hold,
+    which stays true however long ago it was written (a bridge that starts on a cluster publishes
+    segments uploaded days before), so they keep ``min_storage_ts_ms``.
     """
 
     min_ts_ms: int = 946_684_800_000  # 2000-01-01
     max_ts_ms: int = 4_102_444_800_000  # 2100-01-01
+    #: The earliest time of a storage event (None: ``min_ts_ms``).
+    min_storage_ts_ms: int | None = None
+
+    @property
+    def storage_low_ms(self) -> int:
+        return self.min_ts_ms if self.min_storage_ts_ms is None else self.min_storage_ts_ms
 
     def around(
         self, now_ms: int, max_past_ms: int | None, max_future_ms: int | None
@@ -202,7 +215,7 @@ class EventBounds:
         high = (
             self.max_ts_ms if max_future_ms is None else min(self.max_ts_ms, now_ms + max_future_ms)
         )
-        return EventBounds(min_ts_ms=low, max_ts_ms=high)
+        return EventBounds(min_ts_ms=low, max_ts_ms=high, min_storage_ts_ms=self.storage_low_ms)
 
 
 @dataclass(frozen=True)
@@ -540,6 +553,10 @@ def _check_values(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Range checks over whole columns; returns (still accepted, newly rejected)."""
     ts = accepted["ts"].to_numpy()
+    low: int | npt.NDArray[np.int64] = bounds.min_ts_ms
+    if bounds.storage_low_ms != bounds.min_ts_ms:
+        storage = accepted["kind"].isin(STORAGE_KINDS).to_numpy()
+        low = np.where(storage, bounds.storage_low_ms, bounds.min_ts_ms)
     topic = accepted["topic"].to_numpy()
     has_topic = ~pd.isna(topic)
     topic_ok = np.ones(len(accepted), dtype=np.bool_)
@@ -553,8 +570,13 @@ def _check_values(
         (RejectReason.NEGATIVE_BYTES, accepted["bytes"].to_numpy() < 0, "bytes must be >= 0"),
         (
             RejectReason.TS_OUT_OF_BOUNDS,
-            (ts < bounds.min_ts_ms) | (ts > bounds.max_ts_ms),
-            f"ts must be epoch milliseconds in [{bounds.min_ts_ms}, {bounds.max_ts_ms}]",
+            (ts < low) | (ts > bounds.max_ts_ms),
+            f"ts must be epoch milliseconds in [{bounds.min_ts_ms}, {bounds.max_ts_ms}]"
+            + (
+                f" ({bounds.storage_low_ms} for remote_segment and leader_epochs)"
+                if bounds.storage_low_ms != bounds.min_ts_ms
+                else ""
+            ),
         ),
         (RejectReason.INVALID_TOPIC, ~topic_ok, "topic is not a legal Kafka topic name"),
         (

@@ -17,9 +17,12 @@ Model. Each segment, keyed by (topic, partition, segment_id), is *unknown*, *liv
 So the final state of a segment is "tombstone if any delete arrived, else live if any copy
 arrived": duplicated (at-least-once) and reordered events never count a segment twice, and any
 split of a stream into batches gives the same sizes. A tombstone remembers the latest event time
-of its segment; :meth:`RemoteLogSizes.evict_tombstones` forgets tombstones older than a horizon.
-That is exact only while the engine rejects every event older than the same horizon (the event
-validator's ``max_past_ms``): a copy event of a forgotten segment would make it live again.
+of its segment; :meth:`RemoteLogSizes.evict_tombstones` forgets tombstones older than a horizon
+(the event validator's ``max_past_ms``). The validator accepts segment events of any age (they
+state what the remote store holds), so a copy event of a forgotten segment would make it live
+again: exact while no copy event comes later than the horizon after its segment's delete, which
+a publisher that sends each segment's events in Kafka's order, and resumes from a position
+committed after them, guarantees (``quotastream.brokers``).
 
 A segment lists its leader epochs with their first offsets (``segmentLeaderEpochs``; one epoch
 from offset 0 when the event gives none) and is counted under each of them by :meth:`size`, as

@@ -404,3 +404,24 @@ def test_replay_decides_a_batched_line_as_its_events_one_per_line(
     (reject,) = batched.rejected
     assert (reject["line"], reject["index"], reject["reason"]) == (2, 3, "negative_bytes")
     assert json.loads(reject["payload"]) == json.loads(bad)
+
+
+def test_the_past_bound_narrows_for_traffic_not_for_what_storage_holds() -> None:
+    """A bridge that starts on a cluster publishes segments uploaded long before the engine's
+    clock: they are still in the remote store and count in its size."""
+    bounds = EventBounds().around(now_ms=BASE, max_past_ms=60_000, max_future_ms=1_000)
+    day_old = BASE - 86_400_000
+    parsed = parse_events(
+        [
+            with_(P, ts=day_old),
+            with_(SEGMENT, ts=day_old),
+            with_(LINEAGE, ts=day_old),
+            with_(SEGMENT, ts=BASE + 1_001),  # the future bound still holds
+            with_(SEGMENT, ts=EventBounds().min_ts_ms - 1),  # and the absolute one
+        ],
+        bounds,
+    )
+    assert parsed.accepted["position"].tolist() == [1, 2]
+    assert parsed.rejected["position"].tolist() == [0, 3, 4]
+    assert set(parsed.rejected["reason"]) == {RejectReason.TS_OUT_OF_BOUNDS}
+    assert "for remote_segment and leader_epochs" in parsed.rejected["detail"].iloc[0]

@@ -33,7 +33,7 @@ import pyarrow as pa
 from quotastream.redis_contract import remote_log_value
 from state.config import QuotaConfig
 from state.core import QuotaCore
-from state.events import EventBounds, EventKind, parse_events
+from state.events import STORAGE_KINDS, EventBounds, EventKind, parse_events
 from state.live_config import ConfigVersions, LiveConfig, decision_mode
 from state.quota_rules import is_exempt
 from state.quota_types import QuotaType
@@ -155,7 +155,7 @@ def staged_batches(records: KafkaRecords, settings: StageSettings) -> Iterator[p
     payloads = [value if value is not None else b"" for value in records.values]
     bounds = settings.bounds.around(settings.now_ms(), settings.max_past_ms, settings.max_future_ms)
     parsed = parse_events(payloads, bounds, settings.max_payload_bytes)
-    is_segment = parsed.accepted["kind"].isin(_SEGMENT_KINDS).to_numpy()
+    is_segment = parsed.accepted["kind"].isin(STORAGE_KINDS).to_numpy()
     if is_segment.any():
         segments = _segments(parsed.accepted[is_segment], settings)
         yield pa.RecordBatch.from_pandas(segments, schema=STAGE_SCHEMA, preserve_index=False)
@@ -235,9 +235,6 @@ def _usage(
     summed.insert(0, "row_type", USAGE)
     summed.insert(1, "shard", shard_of(summed["entity"], settings.shards))
     return _stage_rows(summed)
-
-
-_SEGMENT_KINDS = [EventKind.REMOTE_SEGMENT.value, EventKind.LEADER_EPOCHS.value]
 
 
 def _segments(events: pd.DataFrame, settings: StageSettings) -> pd.DataFrame:
