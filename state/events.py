@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from operator import attrgetter
@@ -428,14 +428,19 @@ def _pick(results: list[_Event | _Rejected], positions: npt.NDArray[np.intp]) ->
     return _OfKind(positions.astype(np.int64), events)
 
 
-def dead_letter_record(reason: str, detail: str, payload: bytes) -> dict[str, Any]:
+def dead_letter_record(
+    reason: str, detail: str, payload: bytes, source: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """A rejected payload as the dead-letter sinks write it: the original text, or base64 where
-    it is not UTF-8."""
+    it is not UTF-8; ``source``: where it was read (a Kafka record's ``topic``, ``partition``,
+    ``offset`` and ``index``, its place in a batched message or null)."""
     record: dict[str, Any] = {"reason": reason, "detail": detail}
     try:
         record["payload"] = payload.decode("utf-8")
     except UnicodeDecodeError:
         record["payload_base64"] = base64.b64encode(payload).decode("ascii")
+    if source is not None:
+        record["source"] = dict(source)
     return record
 
 

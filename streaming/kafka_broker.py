@@ -50,6 +50,10 @@ _LOG_CONFIG = Path(__file__).with_name("kafka_log4j2.properties")
 #: A small heap: a test broker holds little; the page cache holds the log.
 DEFAULT_HEAP = "384m"
 
+#: The Prometheus JMX exporter's rules for a broker (``conf/kafka/jmx-exporter.yaml``): what
+#: ``quotastream brokers`` reads, and what the compose stack's brokers export.
+JMX_EXPORTER_CONFIG = Path(__file__).resolve().parents[1] / "conf" / "kafka" / "jmx-exporter.yaml"
+
 
 class MissingKafkaError(MissingPackageError):
     """Apache Kafka's jars are not where the project keeps them; the message says how to get
@@ -65,6 +69,15 @@ def kafka_libs() -> Path:
             "folder of Kafka's jars"
         )
     return libs
+
+
+def jmx_exporter_agent(libs: Path | None = None) -> Path:
+    """The Prometheus JMX exporter's Java agent ``scripts/bootstrap`` put beside ``libs``."""
+    agents = (libs or kafka_libs()).parent / "agents"
+    found = sorted(agents.glob("jmx_prometheus_javaagent-*.jar"))
+    if not found:
+        raise MissingKafkaError(f"no JMX exporter agent in {agents}: run {FETCH_KAFKA}")
+    return found[-1]
 
 
 def kafka_version(libs: Path | None = None) -> str:
@@ -182,7 +195,15 @@ class KafkaNode(LocalService):
     version: str = ""
     config: Path = field(default=Path(), repr=False)
     heap: str = DEFAULT_HEAP
+    #: Where the node's JMX exporter serves ``/metrics`` (None: no exporter attached).
+    metrics_port: int | None = None
     _handed_over: bool = field(default=False, repr=False)
+
+    @property
+    def metrics_url(self) -> str:
+        if self.metrics_port is None:
+            raise ServiceError(f"node {self.node_id} was started without a metrics exporter")
+        return f"http://{LOOPBACK}:{self.metrics_port}/metrics"
 
     @property
     def log_dir(self) -> Path:
@@ -194,7 +215,7 @@ class KafkaNode(LocalService):
         one runs."""
         self.stop(keep_log=True)
         self._handed_over = True
-        process = _launch_node(self.config, self.workdir, self.heap)
+        process = _launch_node(self.config, self.workdir, self.heap, self.metrics_port)
         node = dataclasses.replace(self, process=process, _stopped=False, _handed_over=False)
         _wait_for_nodes([node], timeout)
         return node
@@ -274,9 +295,12 @@ def start_kafka_cluster(
     properties: Mapping[str, str] | None = None,
     heap: str = DEFAULT_HEAP,
     timeout: float = 90.0,
+    metrics_exporter: bool = False,
 ) -> KafkaCluster:
     """``size`` Apache Kafka nodes forming one cluster, node ids 1..size, each a broker and a
-    voter of the metadata quorum; internal topics replicated to all of them (at most 3)."""
+    voter of the metadata quorum; internal topics replicated to all of them (at most 3).
+    ``metrics_exporter``: each node runs the Prometheus JMX exporter as a Java agent, with
+    ``conf/kafka/jmx-exporter.yaml`` (its ``metrics_url``)."""
     replicated = {
         name: str(min(size, 3))
         for name in (
@@ -290,7 +314,13 @@ def start_kafka_cluster(
     for _ in range(size):
         ports.append(free_port(avoid=ports))
     nodes = _start_nodes(
-        ports, security, replicated | dict(properties or {}), heap, timeout, standalone=False
+        ports,
+        security,
+        replicated | dict(properties or {}),
+        heap,
+        timeout,
+        standalone=False,
+        metrics_exporter=metrics_exporter,
     )
     return KafkaCluster(nodes)
 
@@ -363,14 +393,17 @@ def _start_nodes(
     timeout: float,
     *,
     standalone: bool,
+    metrics_exporter: bool = False,
 ) -> list[KafkaNode]:
     libs = kafka_libs()
     version = kafka_version(libs)
     cluster_id = new_cluster_id()
     chosen = list(ports)
-    for _ in range(2 * len(ports)):
+    for _ in range((3 if metrics_exporter else 2) * len(ports)):
         chosen.append(free_port(avoid=chosen))
-    internal_ports, controller_ports = chosen[len(ports) : 2 * len(ports)], chosen[2 * len(ports) :]
+    count = len(ports)
+    internal_ports, controller_ports = chosen[count : 2 * count], chosen[2 * count : 3 * count]
+    metrics_ports: list[int | None] = list(chosen[3 * count :]) or [None] * count
     voters = ",".join(
         f"{node_id}@{LOOPBACK}:{controller}"
         for node_id, controller in enumerate(controller_ports, start=1)
@@ -407,8 +440,10 @@ def _start_nodes(
         _format(libs, config, cluster_id, security.scram_users, standalone=standalone)
         prepared.append((node_id, port, controller, workdir, config))
     nodes = []
-    for node_id, port, controller, workdir, config in prepared:
-        process = _launch_node(config, workdir, heap)
+    for (node_id, port, controller, workdir, config), metrics_port in zip(
+        prepared, metrics_ports, strict=True
+    ):
+        process = _launch_node(config, workdir, heap, metrics_port)
         nodes.append(
             KafkaNode(
                 "kafka",
@@ -422,6 +457,7 @@ def _start_nodes(
                 version=version,
                 config=config,
                 heap=heap,
+                metrics_port=metrics_port,
             )
         )
     try:
@@ -451,25 +487,36 @@ def _format(
         raise ServiceError(f"kafka storage format failed: {done.stdout}{done.stderr}".strip())
 
 
-def _java_command(libs: Path, main_class: str, heap: str) -> list[str]:
+def _java_command(libs: Path, main_class: str, heap: str, agents: Sequence[str] = ()) -> list[str]:
     return [
         java(),
         f"-Xmx{heap}",
         "-XX:+UseSerialGC",
         "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={_LOG_CONFIG}",
+        *agents,
         "-cp",
         f"{libs}/*",
         main_class,
     ]
 
 
-def _launch_node(config: Path, workdir: Path, heap: str) -> subprocess.Popen[bytes]:
+def _launch_node(
+    config: Path, workdir: Path, heap: str, metrics_port: int | None
+) -> subprocess.Popen[bytes]:
     log_path = workdir / "kafka.log"
     if log_path.exists():
         log_path.rename(workdir / f"kafka.{int(time.time() * 1000)}.log")
+    libs = kafka_libs()
+    agents = (
+        []
+        if metrics_port is None
+        else [
+            f"-javaagent:{jmx_exporter_agent(libs)}={LOOPBACK}:{metrics_port}:{JMX_EXPORTER_CONFIG}"
+        ]
+    )
     return launch_server(
-        [*_java_command(kafka_libs(), "kafka.Kafka", heap), str(config)], workdir, log_path
+        [*_java_command(libs, "kafka.Kafka", heap, agents), str(config)], workdir, log_path
     )
 
 

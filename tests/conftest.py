@@ -16,8 +16,15 @@ from pyspark.sql import SparkSession
 from streaming.commands.cli import main
 from streaming.engine.job import local_spark
 from streaming.engine.settings import EngineSettings
-from streaming.kafka_broker import KafkaCluster, KafkaNode, start_kafka, start_kafka_cluster
+from streaming.kafka_broker import (
+    KafkaCluster,
+    KafkaNode,
+    start_kafka,
+    start_kafka_cluster,
+    tiered_storage_properties,
+)
 from streaming.services import LocalService, start_redis
+from tests.servers import wait_until_registered
 
 # CI runs the same examples every time so that a red build always reproduces; locally, hypothesis
 # explores new ones on each run, and ``scripts/test --explore`` (nightly-style) draws new ones in
@@ -79,6 +86,7 @@ LAYERS: Final[Mapping[str, str]] = {
     "test_proxy.py": "scenario",
     "test_proxy_faults.py": "scenario",
     "test_remote_log_metadata.py": "scenario",
+    "test_remote_log_bridge.py": "scenario",
     "test_run_command.py": "scenario",
     "test_security.py": "scenario",
     "test_streaming.py": "scenario",
@@ -99,6 +107,7 @@ STARTED_BY_FIXTURE: Final[Mapping[str, str]] = {
     "tests.conftest.kafka": SERVERS,
     "tests.conftest.kafka_cluster": SERVERS,
     "tests.conftest.redis_server": SERVERS,
+    "tests.conftest.tiered_cluster": SERVERS,
     "tests.test_agent_client.acl_server": SERVERS,
     "tests.test_kafka_outage.broker": SERVERS,
     "tests.test_kafka_oracle.broker": SERVERS,
@@ -106,7 +115,6 @@ STARTED_BY_FIXTURE: Final[Mapping[str, str]] = {
     "tests.test_proxy.scram_broker": SERVERS,
     "tests.test_proxy.scram_cluster": SERVERS,
     "tests.test_redis_contract.server": SERVERS,
-    "tests.test_remote_log_metadata.tiered_cluster": SERVERS,
     "tests.test_security.servers": SERVERS,
 }
 
@@ -253,6 +261,19 @@ def kafka_cluster() -> Iterator[KafkaCluster]:
     for what needs replicas: leader moves, restarts. One per test module: a test that stops a
     node starts it again before it ends (``KafkaNode.restart``)."""
     with start_kafka_cluster(3) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def tiered_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """Three Apache Kafka nodes with tiered storage on Kafka's own ``LocalTieredStorage`` (one
+    store for all), each exporting its metrics through the Prometheus JMX exporter, registered
+    and unfenced. One per test module."""
+    store = tmp_path_factory.mktemp("remote-store")
+    with start_kafka_cluster(
+        3, properties=tiered_storage_properties(store), metrics_exporter=True
+    ) as cluster:
+        wait_until_registered(cluster.address, 3)
         yield cluster
 
 

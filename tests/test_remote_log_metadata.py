@@ -14,7 +14,7 @@ import subprocess
 import time
 import uuid
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +38,7 @@ from streaming.kafka_broker import (
     KafkaCluster,
     kafka_libs,
     kafka_version,
-    start_kafka_cluster,
-    tiered_storage_properties,
 )
-from tests.servers import wait_until_registered
 
 METADATA_TOPIC = "__remote_log_metadata"
 ORACLE = Path(__file__).with_name("java") / "RemoteLogMetadataOracle.java"
@@ -51,14 +48,6 @@ ORACLE = Path(__file__).with_name("java") / "RemoteLogMetadataOracle.java"
 def schemas() -> RemoteLogMetadataSchemas:
     libs = kafka_libs()
     return RemoteLogMetadataSchemas.from_jar(libs / f"kafka-storage-{kafka_version(libs)}.jar")
-
-
-@pytest.fixture(scope="module")
-def tiered_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
-    store = tmp_path_factory.mktemp("remote-store")
-    with start_kafka_cluster(3, properties=tiered_storage_properties(store)) as cluster:
-        wait_until_registered(cluster.address, 3)
-        yield cluster
 
 
 def render(schemas: RemoteLogMetadataSchemas, value: bytes) -> str:

@@ -44,7 +44,8 @@ class ClientTlsSettings(BaseModel):
 
 
 class UpstreamSettings(BaseModel):
-    """The brokers behind the proxy."""
+    """A cluster's brokers and how to reach them: the brokers behind the proxy, the cluster
+    ``quotastream brokers`` watches."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -108,6 +109,8 @@ class DecisionSettings(BaseModel):
 
 
 class ProxyMetricsSettings(BaseModel):
+    """An agent's Prometheus endpoint (the proxy's; ``quotastream brokers``' on another port)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = True

@@ -8,7 +8,7 @@ import importlib.metadata
 import logging
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from streaming.commands.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
@@ -196,6 +196,19 @@ def _parser() -> argparse.ArgumentParser:
         **examples("quotastream proxy --engine-config conf/engine.yaml"),
     )
     proxy.add_argument("--engine-config", type=Path, required=True, help="engine settings YAML")
+    brokers = commands.add_parser(
+        "brokers",
+        help="publish the traffic inside a cluster's brokers as events (remote log lifecycle)",
+        description=(
+            "Reads brokers.cluster's __remote_log_metadata (tiered storage's segment lifecycle) "
+            "with the schemas of its Kafka release and publishes remote_segment events to the "
+            "first events topic; records it cannot follow go to the dead-letter topic. Its "
+            "position is its consumer group's committed offsets (docs/brokers.md). SIGTERM stops "
+            "it within a poll."
+        ),
+        **examples("quotastream brokers --engine-config conf/engine.yaml"),
+    )
+    brokers.add_argument("--engine-config", type=Path, required=True, help="engine settings YAML")
     add_admin_commands(commands)
     return parser
 
@@ -204,14 +217,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if _missing_engine is not None:
         return _engine_not_installed(_missing_engine)
     args = _parser().parse_args(argv)
-    if args.command == "replay":
-        return _replay(args)
-    if args.command == "run":
-        return _run(args)
-    if args.command == "simulate":
-        return _simulate(args)
-    if args.command == "proxy":
-        return _proxy(args)
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
+        "replay": _replay,
+        "run": _run,
+        "simulate": _simulate,
+        "proxy": _proxy,
+        "brokers": _brokers,
+    }
+    if args.command in commands:
+        return commands[args.command](args)
     if args.command in ADMIN_COMMANDS:
         return run_admin(args)
     raise AssertionError(f"unhandled command {args.command}")  # argparse rejects others
@@ -227,6 +241,17 @@ def _proxy(args: argparse.Namespace) -> int:
         return _fail(EXIT_USAGE, str(exc))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     return run_proxy(settings)
+
+
+def _brokers(args: argparse.Namespace) -> int:
+    from streaming.commands.brokers import run_brokers  # noqa: PLC0415 (kafka-python, for this only)
+
+    try:
+        settings = load_engine_settings(args.engine_config)
+    except ConfigError as exc:
+        return _fail(EXIT_USAGE, str(exc))
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return run_brokers(settings)
 
 
 def _replay(args: argparse.Namespace) -> int:

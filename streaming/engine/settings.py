@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from quotastream.brokers.settings import BrokersSettings
 from quotastream.proxy.settings import ProxySettings
 from state.configfile import ConfigError, describe_validation_error, read_yaml_mapping
 from state.events import EventBounds
@@ -208,6 +209,8 @@ class EngineSettings(BaseSettings):
     metrics: MetricsSettings = MetricsSettings()
     #: ``quotastream proxy`` (docs/proxy.md); the engine itself does not read it.
     proxy: ProxySettings = ProxySettings()
+    #: ``quotastream brokers`` (docs/brokers.md); the engine itself does not read it.
+    brokers: BrokersSettings = BrokersSettings()
 
     def pointed_at(
         self,

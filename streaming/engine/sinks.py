@@ -311,9 +311,8 @@ def _endpoint(settings: SinkSettings) -> str:
 
 
 def _dead_letter(row: dict[str, Any]) -> bytes:
-    record = dead_letter_record(row["reason"], row["detail"], row["payload"] or b"")
-    # ``index``: the event's place in a batched message; null when the message was one event.
-    record["source"] = {key: row[key] for key in ("topic", "partition", "offset", "index")}
+    source = {key: row[key] for key in ("topic", "partition", "offset", "index")}
+    record = dead_letter_record(row["reason"], row["detail"], row["payload"] or b"", source)
     return json.dumps(record).encode()
 
 

@@ -1,0 +1,258 @@
+"""``__remote_log_metadata`` to the engine's events topic: the remote log bridge of ``quotastream
+brokers``.
+
+Why a bridge and not a source of the engine: a segment's records need state across records (the
+update that finishes an upload repeats none of its size, epochs or offsets), the engine's source
+stays one topic of one validated contract, and the bridge runs next to the cluster while the
+engine may run anywhere. What it publishes is ordinary ``remote_segment`` events.
+
+Position. The bridge's position is the offsets committed per metadata partition in its consumer
+group, each committed once the events of the records before it are acknowledged by the events
+topic's brokers (``acks=all``). Every start (a new process, or a retry after a failure) reads
+each metadata partition from its beginning (the topic keeps its records for ever, as Kafka's own
+metadata manager rebuilds its cache from them) to rebuild which uploads started and which
+segments live, and publishes only what comes from records at or after the committed position.
+So a crash re-sends at most the records after the last commit (the engine counts a segment once
+however often its events come), and a first start publishes the whole history once.
+
+Order. Each event is keyed by its segment's topic partition, so all of a partition's events land
+in one partition of the events topic, in the order Kafka wrote them: the engine never sees a
+segment's copy after its delete, which would count it again once its tombstone is forgotten
+(``state/remote_log.py``).
+
+Refusals. A record the decoder or the lifecycle refuses goes to the engine's dead-letter topic
+with the reason (``undecodable_record``, ``unfollowable_record``), the detail, the record's bytes
+and its coordinates, and is counted; the bridge goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kafka import TopicPartition
+from kafka.errors import KafkaError
+from kafka.structs import OffsetAndMetadata
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from quotastream.brokers.remote_log_metadata import (
+    RemoteLogMetadataSchemas,
+    UndecodableRecordError,
+)
+from quotastream.brokers.segments import RefusedRecordError, SegmentLifecycle
+from quotastream.outage import Outage
+from state.events import dead_letter_record
+
+log = logging.getLogger(__name__)
+
+UNDECODABLE = "undecodable_record"
+UNFOLLOWABLE = "unfollowable_record"
+
+
+class RemoteLogBridgeMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.records = Counter(
+            "quotastream_remote_log_records",
+            "Records read from __remote_log_metadata, by whether their events were published "
+            "now or before this start (replayed: read again to rebuild the segments' state)",
+            ["read"],
+            registry=registry,
+        )
+        self.events = Counter(
+            "quotastream_remote_log_events_published",
+            "remote_segment events published to the events topic, by state",
+            ["state"],
+            registry=registry,
+        )
+        self.dead_letters = Counter(
+            "quotastream_remote_log_dead_letters",
+            "Records of __remote_log_metadata sent to the dead-letter topic, by reason",
+            ["reason"],
+            registry=registry,
+        )
+        self.restarts = Counter(
+            "quotastream_remote_log_restarts",
+            "Times the bridge read the metadata topic again from its beginning after a failure",
+            registry=registry,
+        )
+        self.segments = Gauge(
+            "quotastream_remote_log_segments_followed",
+            "Remote segments whose upload started and that are not deleted yet",
+            registry=registry,
+        )
+        self.behind = Gauge(
+            "quotastream_remote_log_records_behind",
+            "Records of __remote_log_metadata not read yet (at the last poll)",
+            registry=registry,
+        )
+
+
+@dataclass(frozen=True)
+class BridgeTopics:
+    metadata: str  # __remote_log_metadata
+    events: str  # the engine's first events topic
+    dead_letter: str
+
+
+class RemoteLogBridge:
+    """Reads the metadata topic, publishes its segments' events; :meth:`run` until stopped.
+
+    ``new_consumer()`` makes a kafka-python ``KafkaConsumer`` of the bridge's group on the
+    cluster (no auto-commit), ``new_producer()`` a ``KafkaProducer`` on the engine's Kafka
+    (``acks=all``); both are made again after a failure."""
+
+    def __init__(
+        self,
+        schemas: RemoteLogMetadataSchemas,
+        topics: BridgeTopics,
+        *,
+        new_consumer: Callable[[], Any],
+        new_producer: Callable[[], Any],
+        metrics: RemoteLogBridgeMetrics,
+        poll_ms: int,
+        retry_ms: int,
+        max_retry_ms: int,
+        server: str,
+    ) -> None:
+        self._schemas = schemas
+        self._topics = topics
+        self._new_consumer = new_consumer
+        self._new_producer = new_producer
+        self._metrics = metrics
+        self._poll_ms = poll_ms
+        self._retry_ms = retry_ms
+        self._max_retry_ms = max_retry_ms
+        self._outage = Outage(
+            server, math.inf, meanwhile="reading __remote_log_metadata again once it answers"
+        )
+        self._stopped = threading.Event()
+        #: Set once a pass has read every partition up to where it was when the pass began.
+        self.caught_up = threading.Event()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def run(self) -> None:
+        """Passes over the topic until :meth:`stop`; a failed pass is retried from the
+        beginning after a backoff (doubling, up to ``max_retry_ms``)."""
+        wait_ms = self._retry_ms
+        while not self._stopped.is_set():
+            try:
+                self._pass()
+            except (KafkaError, OSError) as error:
+                self._outage.failed(error)
+                self._metrics.restarts.inc()
+                self.caught_up.clear()
+                self._stopped.wait(wait_ms / 1000)
+                wait_ms = min(wait_ms * 2, self._max_retry_ms)
+            else:
+                return
+
+    def _pass(self) -> None:
+        consumer, producer = self._new_consumer(), None
+        try:
+            partitions = self._partitions(consumer)
+            if partitions is None:
+                return
+            consumer.assign(partitions)
+            committed = {tp: consumer.committed(tp) or 0 for tp in partitions}
+            consumer.seek_to_beginning(*partitions)
+            ends = consumer.end_offsets(partitions)
+            producer = self._new_producer()
+            self._outage.recovered()
+            lifecycle = SegmentLifecycle()
+            read = {tp: consumer.position(tp) for tp in partitions}
+            while not self._stopped.is_set():
+                batch = consumer.poll(timeout_ms=self._poll_ms)
+                sent = []
+                for tp, records in batch.items():
+                    for record in records:
+                        fresh = record.offset >= committed[tp]
+                        sent += self._follow(lifecycle, record, fresh, producer)
+                        read[tp] = record.offset + 1
+                self._metrics.segments.set(len(lifecycle))
+                advanced = {tp: offset for tp, offset in read.items() if offset > committed[tp]}
+                if advanced:
+                    producer.flush()
+                    for future in sent:
+                        future.get(timeout=0)  # raises what failed to send: retried from here
+                    consumer.commit(
+                        {tp: OffsetAndMetadata(offset, "", -1) for tp, offset in advanced.items()}
+                    )
+                    committed.update(advanced)
+                if not self.caught_up.is_set() and all(read[tp] >= ends[tp] for tp in partitions):
+                    log.info(
+                        "caught up with %s: %d segments followed",
+                        self._topics.metadata,
+                        len(lifecycle),
+                    )
+                    self.caught_up.set()
+                self._metrics.behind.set(self._behind(consumer, partitions))
+        finally:
+            consumer.close()
+            if producer is not None:
+                producer.close(timeout=5)
+
+    def _partitions(self, consumer: Any) -> list[TopicPartition] | None:
+        """The metadata topic's partitions, once it exists (Kafka creates it with the first
+        tiered topic); None if stopped meanwhile."""
+        waited = False
+        while not self._stopped.is_set():
+            numbers = consumer.partitions_for_topic(self._topics.metadata)
+            if numbers:
+                return [TopicPartition(self._topics.metadata, n) for n in sorted(numbers)]
+            if not waited:
+                log.info("%s does not exist yet: waiting for it", self._topics.metadata)
+                waited = True
+            self._stopped.wait(self._poll_ms / 1000)
+        return None
+
+    def _follow(
+        self, lifecycle: SegmentLifecycle, record: Any, fresh: bool, producer: Any
+    ) -> list[Any]:
+        """Applies one record; if ``fresh``, sends its events (or its dead letter)."""
+        self._metrics.records.labels("now" if fresh else "replayed").inc()
+        try:
+            events = lifecycle.apply(self._schemas.decode(record.value))
+        except (UndecodableRecordError, RefusedRecordError) as error:
+            if not fresh:
+                return []
+            reason = UNDECODABLE if isinstance(error, UndecodableRecordError) else UNFOLLOWABLE
+            source = {
+                "topic": record.topic,
+                "partition": record.partition,
+                "offset": record.offset,
+                "index": None,
+            }
+            letter = dead_letter_record(reason, str(error), record.value or b"", source)
+            log.warning(
+                "%s-%d@%d sent to the dead letter: %s",
+                record.topic,
+                record.partition,
+                record.offset,
+                error,
+            )
+            self._metrics.dead_letters.labels(reason).inc()
+            return [producer.send(self._topics.dead_letter, json.dumps(letter).encode())]
+        if not fresh:
+            return []
+        futures = []
+        for event in events:
+            key = f"{event['topic']}-{event['partition']}".encode()
+            futures.append(producer.send(self._topics.events, json.dumps(event).encode(), key=key))
+            self._metrics.events.labels(event["state"]).inc()
+        return futures
+
+    @staticmethod
+    def _behind(consumer: Any, partitions: list[TopicPartition]) -> int:
+        behind = 0
+        for tp in partitions:
+            end = consumer.highwater(tp)
+            if end is not None:
+                behind += max(end - consumer.position(tp), 0)
+        return behind

@@ -1,0 +1,59 @@
+"""The ``brokers:`` section of the engine settings: ``quotastream brokers`` (``docs/brokers.md``).
+
+The command reads the rest of the file too: ``kafka`` (where its events and dead letters go: the
+engine's first events topic and its dead-letter topic) and ``events`` (the largest message the
+engine accepts).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from quotastream.proxy.settings import ProxyMetricsSettings, UpstreamSettings
+
+Millis = Annotated[int, Field(ge=1)]
+
+
+class RemoteLogMetadataSettings(BaseModel):
+    """Where the cluster's tiered storage writes its segments' lifecycle, and how to read it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    #: The topic-based remote log metadata manager's topic.
+    topic: Annotated[str, Field(min_length=1)] = "__remote_log_metadata"
+    #: The ``kafka-storage-<version>.jar`` of the cluster's Kafka release (in its ``libs/``):
+    #: its message schemas decode the records. Required while ``enabled``.
+    kafka_storage_jar: Path | None = None
+    #: The consumer group whose committed offsets are the bridge's position.
+    group_id: Annotated[str, Field(min_length=1)] = "quotastream-brokers"
+    #: The longest a poll waits for records (and so the longest a stop waits).
+    poll_ms: Millis = 500
+
+    @model_validator(mode="after")
+    def _jar_exists(self) -> RemoteLogMetadataSettings:
+        if self.enabled:
+            if self.kafka_storage_jar is None:
+                raise ValueError(
+                    "kafka_storage_jar is required while enabled: the cluster release's "
+                    "kafka-storage-<version>.jar (its libs/ directory) holds the message schemas"
+                )
+            if not self.kafka_storage_jar.is_file():
+                raise ValueError(f"kafka_storage_jar {str(self.kafka_storage_jar)!r} is not a file")
+        return self
+
+
+class BrokersSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: The cluster whose brokers' own traffic is read (and, later, throttled).
+    cluster: UpstreamSettings = UpstreamSettings()
+    remote_log_metadata: RemoteLogMetadataSettings = RemoteLogMetadataSettings(enabled=False)
+    #: After a failed read or publish, the wait before reading the topic again (doubling up
+    #: to ``max_retry_ms``).
+    retry_ms: Millis = 500
+    max_retry_ms: Millis = 30_000
+    metrics: ProxyMetricsSettings = ProxyMetricsSettings(port=9466)
