@@ -4,7 +4,12 @@ each partition's remote log size as the broker's own ``RemoteLogSizeBytes`` gaug
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -16,13 +21,21 @@ from typing import Any
 
 import pytest
 import redis
+import yaml
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from pyspark.sql import SparkSession
 
-from quotastream.brokers.bridge import UNDECODABLE, RemoteLogBridge
+from quotastream.brokers.bridge import UNDECODABLE, UNFOLLOWABLE, RemoteLogBridge
+from quotastream.brokers.remote_log_metadata import (
+    SEGMENT,
+    SEGMENT_UPDATE,
+    RemoteLogMetadataSchemas,
+    UndecodableRecordError,
+)
+from quotastream.brokers.segments import RefusedRecordError, SegmentLifecycle
 from state.config import load_quota_config
 from streaming.commands.brokers import build_remote_log_bridge
 from streaming.engine.job import start_query
@@ -31,7 +44,8 @@ from streaming.kafka_broker import KafkaCluster, kafka_libs, kafka_version
 from streaming.services import LocalService
 from tests.servers import wait_until_in_sync
 
-QUOTAS = Path(__file__).parents[1] / "conf" / "quotas.yaml"
+ROOT = Path(__file__).parents[1]
+QUOTAS = ROOT / "conf" / "quotas.yaml"
 METADATA_TOPIC = "__remote_log_metadata"
 #: Tiered topics' segments roll every second and leave the local log a second after upload.
 TIERED = {"remote.storage.enable": "true", "segment.ms": "1000", "local.retention.ms": "1000"}
@@ -226,3 +240,188 @@ def test_the_engine_publishes_each_partitions_remote_log_size_as_the_broker_repo
     assert deleted > 0  # the broker's retention deleted segments of `sized`
     assert copied > deleted
     assert bridge.sample("quotastream_remote_log_dead_letters_total", reason=UNDECODABLE) == 0
+
+
+def metadata_records(address: str) -> list[bytes]:
+    """Every value ``__remote_log_metadata`` holds now, partition by partition (a segment's
+    records are all in one partition, in order)."""
+    consumer = KafkaConsumer(bootstrap_servers=address, enable_auto_commit=False)
+    try:
+        assigned = [
+            TopicPartition(METADATA_TOPIC, p)
+            for p in sorted(consumer.partitions_for_topic(METADATA_TOPIC) or ())
+        ]
+        consumer.assign(assigned)
+        consumer.seek_to_beginning()
+        ends = consumer.end_offsets(assigned)
+        values: dict[TopicPartition, list[bytes]] = {tp: [] for tp in assigned}
+        while any(consumer.position(tp) < ends[tp] for tp in assigned):
+            for tp, records in consumer.poll(timeout_ms=500).items():
+                values[tp] += [r.value for r in records if r.offset < ends[tp]]
+        return [value for tp in assigned for value in values[tp]]
+    finally:
+        consumer.close()
+
+
+def topic_values(address: str, topic: str) -> list[tuple[bytes | None, bytes]]:
+    """``topic``'s (key, value) pairs, partition by partition, in offset order."""
+    consumer = KafkaConsumer(bootstrap_servers=address, enable_auto_commit=False)
+    try:
+        assigned = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+        consumer.assign(assigned)
+        consumer.seek_to_beginning()
+        ends = consumer.end_offsets(assigned)
+        pairs: dict[TopicPartition, list[tuple[bytes | None, bytes]]] = {tp: [] for tp in assigned}
+        while any(consumer.position(tp) < ends[tp] for tp in assigned):
+            for tp, records in consumer.poll(timeout_ms=500).items():
+                pairs[tp] += [(r.key, r.value) for r in records if r.offset < ends[tp]]
+        return [pair for tp in assigned for pair in pairs[tp]]
+    finally:
+        consumer.close()
+
+
+def by_partition(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Events per segment topic partition, in order: what the events topic must keep in order."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for event in events:
+        grouped.setdefault(f"{event['topic']}-{event['partition']}", []).append(event)
+    return grouped
+
+
+def published(address: str, topic: str) -> dict[str, list[dict[str, Any]]]:
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for key, value in topic_values(address, topic):
+        assert key is not None
+        grouped.setdefault(key.decode(), []).append(json.loads(value))
+    return grouped
+
+
+def lifecycle_events(schemas: RemoteLogMetadataSchemas, values: list[bytes]) -> list[Any]:
+    """What Kafka's records make, the pure lifecycle as the oracle (refused records skipped)."""
+    lifecycle, events = SegmentLifecycle(), []
+    for value in values:
+        try:
+            events += lifecycle.apply(schemas.decode(value))
+        except (UndecodableRecordError, RefusedRecordError):
+            continue
+    return events
+
+
+def run_command(path: Path) -> subprocess.Popen[str]:
+    """``quotastream brokers`` in a process of its own, once it has read its whole topic."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streaming.commands.cli", "brokers", "--engine-config", str(path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert process.stdout is not None
+    for line in process.stdout:
+        if "caught up with" in line:
+            return process
+    raise AssertionError(f"quotastream brokers exited with {process.wait()} before catching up")
+
+
+def test_the_bridge_resumes_from_its_position_and_dead_letters_what_it_cannot_follow(
+    tiered_cluster: KafkaCluster, redis_server: LocalService, tmp_path: Path
+) -> None:
+    """The bridge reads a copy of the cluster's real ``__remote_log_metadata`` (a record Kafka's
+    own metadata manager would refuse must not go into the real one), in two halves split
+    between a segment's upload start and its end, with two records it cannot follow in front:
+    an update of a segment it has not seen start, and a record of a version the schemas do not
+    list. Run in a thread, then stopped; then as ``quotastream brokers`` after the second half
+    came, stopped by SIGTERM; then started again and killed. It publishes each event Kafka's
+    records make exactly once, in each partition's order: the second run rebuilt the started
+    upload from the first half and published only what came after its position; the third
+    published nothing. The two refused records are each one dead letter, with their reason
+    and coordinates."""
+    address = tiered_cluster.address
+    topic = f"uploads-{uuid.uuid4().hex[:6]}"
+    admin = KafkaAdminClient(bootstrap_servers=address)
+    admin.create_topics([NewTopic(topic, 2, 3, topic_configs=TIERED)])
+    admin.close()
+    produce(address, [topic], seconds=4)
+    libs = kafka_libs()
+    schemas = RemoteLogMetadataSchemas.from_jar(libs / f"kafka-storage-{kafka_version(libs)}.jar")
+    records = metadata_records(address)
+    decoded = [schemas.decode(value) for value in records]
+    finished = {
+        d.message.remote_log_segment_id.id
+        for d in decoded
+        if d.name == SEGMENT_UPDATE and d.message.remote_log_segment_state == 1
+    }
+    # After the last upload start whose finish comes later: the second half finishes it.
+    split = 1 + max(
+        i
+        for i, d in enumerate(decoded)
+        if d.name == SEGMENT and d.message.remote_log_segment_id.id in finished
+    )
+    first_finish = next(
+        value
+        for value, d in zip(records, decoded, strict=True)
+        if d.name == SEGMENT_UPDATE and d.message.remote_log_segment_state == 1
+    )
+    unknown_version = records[0][:2] + b"\x09" + records[0][3:]
+    refused = [first_finish, unknown_version]
+    first, second = refused + records[:split], records[split:]
+    copy = f"metadata-copy-{uuid.uuid4().hex[:6]}"
+    settings = settings_for(tiered_cluster, redis_server, tmp_path, metadata_topic=copy)
+    events_topic, dead_letter = settings.kafka.topics[0], settings.kafka.dead_letter_topic
+    publish_values(address, copy, first)
+
+    registry = CollectorRegistry()
+    bridge = build_remote_log_bridge(settings, registry)
+    thread = threading.Thread(target=bridge.run, daemon=True)
+    thread.start()
+    assert bridge.caught_up.wait(60)
+    bridge.stop()
+    thread.join(30)
+    expected_first = lifecycle_events(schemas, first)
+    assert expected_first
+    assert published(address, events_topic) == by_partition(expected_first)
+    letters = sorted(
+        (json.loads(value) for _, value in topic_values(address, dead_letter)),
+        key=lambda letter: int(letter["source"]["offset"]),
+    )
+    assert [(letter["reason"], letter["source"]) for letter in letters] == [
+        (UNFOLLOWABLE, {"topic": copy, "partition": 0, "offset": 0, "index": None}),
+        (UNDECODABLE, {"topic": copy, "partition": 0, "offset": 1, "index": None}),
+    ]
+    assert [payload_of(letter) for letter in letters] == refused
+    assert "version 9" in letters[1]["detail"]
+
+    publish_values(address, copy, second, create=False)
+    path = tmp_path / "engine.yaml"
+    path.write_text(yaml.safe_dump(settings.model_dump(mode="json")))
+    process = run_command(path)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(30) == 0
+    expected = lifecycle_events(schemas, first + second)
+    assert len(expected) > len(expected_first)
+    assert published(address, events_topic) == by_partition(expected)
+
+    process = run_command(path)
+    process.kill()
+    process.wait(30)
+    assert published(address, events_topic) == by_partition(expected)
+    assert len(topic_values(address, dead_letter)) == 2
+
+
+def payload_of(letter: dict[str, Any]) -> bytes:
+    if "payload_base64" in letter:
+        return base64.b64decode(letter["payload_base64"])
+    return str(letter["payload"]).encode()
+
+
+def publish_values(address: str, topic: str, values: list[bytes], create: bool = True) -> None:
+    if create:
+        admin = KafkaAdminClient(bootstrap_servers=address)
+        admin.create_topics([NewTopic(topic, 1, 3)])
+        admin.close()
+    producer = KafkaProducer(bootstrap_servers=address, acks="all")
+    for value in values:
+        producer.send(topic, value)
+    producer.flush()
+    producer.close()
