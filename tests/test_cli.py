@@ -283,3 +283,25 @@ def test_simulate_names_a_bad_engine_setting(
     engine.write_text("kafka: {max_offsets_per_trigger: 0}\n")
     assert main(["simulate", "--engine-config", str(engine)]) == EXIT_USAGE
     assert "kafka.max_offsets_per_trigger" in capsys.readouterr().err
+
+
+def test_brokers_names_a_missing_schema_jar_and_refuses_to_run_with_nothing_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine = tmp_path / "engine.yaml"
+    jar = tmp_path / "kafka-storage-4.3.1.jar"
+    engine.write_text(
+        yaml.safe_dump({"brokers": {"remote_log_metadata": {"kafka_storage_jar": str(jar)}}})
+    )
+    assert main(["brokers", "--engine-config", str(engine)]) == EXIT_USAGE
+    error = capsys.readouterr().err
+    assert "brokers.remote_log_metadata" in error
+    assert f"kafka_storage_jar {str(jar)!r} is not a file" in error
+
+    engine.write_text(yaml.safe_dump({"brokers": {"remote_log_metadata": {"topic": "x"}}}))
+    assert main(["brokers", "--engine-config", str(engine)]) == EXIT_USAGE
+    assert "kafka_storage_jar is required while enabled" in capsys.readouterr().err
+
+    engine.write_text("")
+    assert main(["brokers", "--engine-config", str(engine)]) == EXIT_USAGE
+    assert "brokers.remote_log_metadata is not enabled" in capsys.readouterr().err

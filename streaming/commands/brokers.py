@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from quotastream.brokers.bridge import BridgeTopics, RemoteLogBridge, RemoteLogBridgeMetrics
 from quotastream.brokers.remote_log_metadata import RemoteLogMetadataSchemas
-from streaming.commands.exit_codes import EXIT_OK, EXIT_USAGE
+from streaming.commands.exit_codes import EXIT_OK
 from streaming.engine.settings import EngineSettings
 
 log = logging.getLogger(__name__)
@@ -69,12 +69,6 @@ def build_remote_log_bridge(
 
 def run_brokers(settings: EngineSettings) -> int:
     """The agent as the process's whole job, until SIGTERM or SIGINT."""
-    if not settings.brokers.remote_log_metadata.enabled:
-        log.error(
-            "nothing to run: brokers.remote_log_metadata is not enabled (set its "
-            "kafka_storage_jar; docs/brokers.md)"
-        )
-        return EXIT_USAGE
     registry = CollectorRegistry()
     bridge = build_remote_log_bridge(settings, registry)
     endpoint = settings.brokers.metrics

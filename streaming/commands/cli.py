@@ -250,6 +250,12 @@ def _brokers(args: argparse.Namespace) -> int:
         settings = load_engine_settings(args.engine_config)
     except ConfigError as exc:
         return _fail(EXIT_USAGE, str(exc))
+    if not settings.brokers.remote_log_metadata.enabled:
+        return _fail(
+            EXIT_USAGE,
+            "nothing to run: brokers.remote_log_metadata is not enabled (set its "
+            "kafka_storage_jar; docs/brokers.md)",
+        )
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     return run_brokers(settings)
 
