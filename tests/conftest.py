@@ -64,6 +64,7 @@ LAYERS: Final[Mapping[str, str]] = {
     "test_proxy_protocol.py": "agent",
     "test_proxy_holds.py": "agent",
     "test_remote_segments.py": "agent",
+    "test_throttles.py": "agent",
     "test_redis_contract.py": "agent",
     "test_admin_cli.py": "admin",
     "test_cli.py": "admin",
@@ -87,6 +88,7 @@ LAYERS: Final[Mapping[str, str]] = {
     "test_proxy_faults.py": "scenario",
     "test_remote_log_metadata.py": "scenario",
     "test_remote_log_bridge.py": "scenario",
+    "test_actuator.py": "scenario",
     "test_run_command.py": "scenario",
     "test_security.py": "scenario",
     "test_streaming.py": "scenario",
@@ -148,6 +150,12 @@ STARTS_SERVERS_ITSELF: Final[Mapping[str, tuple[str, ...]]] = {
     "test_run_command.py": (
         "test_embedded_default_decides_throttles_quietly_and_cleans_up",
         "test_live_view_in_a_terminal_and_ctrl_c_stops_cleanly",
+    ),
+    "test_actuator.py": (
+        "test_an_actuator_killed_mid_move_and_started_again_leaves_nothing_behind",
+    ),
+    "test_remote_log_bridge.py": (
+        "test_the_bridge_resumes_from_its_position_and_dead_letters_what_it_cannot_follow",
     ),
     "test_proxy_faults.py": (
         "test_clients_reconnect_through_the_proxy_after_a_broker_restart",

@@ -46,12 +46,25 @@ class RemoteLogMetadataSettings(BaseModel):
         return self
 
 
+class ActuatorSettings(BaseModel):
+    """Kafka's own replication and remote-copy throttles, set from the engine's configuration."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    #: Log what it would change, change nothing.
+    dry_run: bool = False
+    #: How often the brokers are brought to the configuration (and reassignments checked).
+    interval_ms: Millis = 1_000
+
+
 class BrokersSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    #: The cluster whose brokers' own traffic is read (and, later, throttled).
+    #: The cluster whose brokers' own traffic is read and throttled.
     cluster: UpstreamSettings = UpstreamSettings()
     remote_log_metadata: RemoteLogMetadataSettings = RemoteLogMetadataSettings(enabled=False)
+    actuator: ActuatorSettings = ActuatorSettings()
     #: After a failed read or publish, the wait before reading the topic again (doubling up
     #: to ``max_retry_ms``).
     retry_ms: Millis = 500

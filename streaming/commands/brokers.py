@@ -1,23 +1,39 @@
-"""``quotastream brokers``: the agent next to a cluster that publishes the traffic inside its
-brokers as the engine's events (``docs/brokers.md``). So far it runs the remote log bridge
-(``__remote_log_metadata`` to ``remote_segment`` events)."""
+"""``quotastream brokers``: the agent next to a cluster (``docs/brokers.md``). It publishes the
+traffic inside its brokers as the engine's events (the remote log bridge:
+``__remote_log_metadata`` to ``remote_segment`` events) and applies the engine's replication and
+remote-copy throttles to the brokers' own configs (the actuator)."""
 
 from __future__ import annotations
 
 import logging
+import math
 import signal
+import threading
+import time
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import redis
 from kafka import KafkaConsumer, KafkaProducer
+from kafka.admin import KafkaAdminClient
 from prometheus_client import CollectorRegistry, start_http_server
 
+from quotastream.brokers.actuator import Actuator, ActuatorMetrics, Ownership
 from quotastream.brokers.bridge import BridgeTopics, RemoteLogBridge, RemoteLogBridgeMetrics
 from quotastream.brokers.remote_log_metadata import RemoteLogMetadataSchemas
+from quotastream.brokers.throttles import FOLLOWER_REPLICAS, LEADER_REPLICAS
+from quotastream.outage import Outage
+from state.config import QuotaConfig, load_quota_config
+from state.live_config import SetTopicThrottles, describe_change
 from streaming.commands.exit_codes import EXIT_OK
+from streaming.engine.config_log import ConfigLog
 from streaming.engine.settings import EngineSettings
 
 log = logging.getLogger(__name__)
+
+#: Who the live configuration's log says removed a finished reassignment's throttle.
+ACTUATOR_AUTHOR = "quotastream-actuator"
 
 
 def build_remote_log_bridge(
@@ -67,20 +83,109 @@ def build_remote_log_bridge(
     )
 
 
+def build_actuator(settings: EngineSettings, registry: CollectorRegistry) -> Actuator:
+    """The actuator the settings describe: on ``brokers.cluster``, following the live
+    configuration of ``kafka.config_topic`` over the quota file (or the file alone), with what
+    it set recorded in the engine's Redis."""
+    cluster, kafka = settings.brokers.cluster, settings.kafka
+    base = load_quota_config(Path(settings.quotas))
+    config_log = (
+        ConfigLog(kafka.bootstrap_servers, kafka.config_topic, kafka.client_settings())
+        if kafka.config_topic is not None
+        else None
+    )
+
+    def read_config() -> QuotaConfig:
+        return base if config_log is None else config_log.current(base).config
+
+    def finish(topic: str) -> None:
+        throttles = read_config().topics.get(topic)
+        if throttles is None:
+            return
+        if config_log is None:
+            log.warning(
+                "the reassignment of %s finished: remove its throttled replicas from %s "
+                "(kafka.config_topic is null, so the actuator cannot)",
+                topic,
+                settings.quotas,
+            )
+            return
+        keys = {
+            LEADER_REPLICAS: throttles.leader.text(),
+            FOLLOWER_REPLICAS: throttles.follower.text(),
+        }
+        change = SetTopicThrottles(
+            topic=topic,
+            values={key: "" for key, value in keys.items() if value},
+            at_ms=int(time.time() * 1000),
+            by=ACTUATOR_AUTHOR,
+        )
+        version = config_log.append(change)
+        log.info("version %d: %s", version, describe_change(change))
+
+    admin = KafkaAdminClient(
+        bootstrap_servers=cluster.bootstrap_servers, **cluster.client_settings()
+    )
+    client = redis.Redis(**settings.redis.connection())
+
+    def close() -> None:
+        admin.close()
+        client.close()
+        if config_log is not None:
+            config_log.close()
+
+    return Actuator(
+        admin,
+        Ownership(client, settings.redis.key_prefix),
+        read_config=read_config,
+        finish=finish,
+        metrics=ActuatorMetrics(registry),
+        dry_run=settings.brokers.actuator.dry_run,
+        close=close,
+    )
+
+
 def run_brokers(settings: EngineSettings) -> int:
-    """The agent as the process's whole job, until SIGTERM or SIGINT."""
+    """The agent as the process's whole job, until SIGTERM or SIGINT: the remote log bridge
+    and the actuator, each that is enabled, in a thread of its own."""
+    brokers = settings.brokers
     registry = CollectorRegistry()
-    bridge = build_remote_log_bridge(settings, registry)
-    endpoint = settings.brokers.metrics
+    stopped = threading.Event()
+    workers: list[threading.Thread] = []
+    bridge = None
+    if brokers.remote_log_metadata.enabled:
+        bridge = build_remote_log_bridge(settings, registry)
+        workers.append(threading.Thread(target=bridge.run, name="remote-log-bridge"))
+    if brokers.actuator.enabled:
+        actuator = build_actuator(settings, registry)
+        outage = Outage(
+            f"Kafka at {brokers.cluster.bootstrap_servers} or Redis",
+            math.inf,
+            meanwhile="trying again every pass",
+        )
+        workers.append(
+            threading.Thread(
+                target=actuator.run,
+                args=(stopped, brokers.actuator.interval_ms / 1000, outage),
+                name="actuator",
+            )
+        )
+    endpoint = brokers.metrics
     if endpoint.enabled:
         server, _ = start_http_server(endpoint.port, endpoint.host, registry)
         log.info("brokers metrics on http://%s:%d/metrics", endpoint.host, server.server_port)
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        log.info("stopping")
-        bridge.stop()
+        stopped.set()
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stop)
-    bridge.run()  # a signal's stop ends it within a poll
+    for worker in workers:
+        worker.start()
+    stopped.wait()
+    log.info("stopping")
+    if bridge is not None:
+        bridge.stop()  # within a poll
+    for worker in workers:
+        worker.join()
     return EXIT_OK

@@ -250,11 +250,11 @@ def _brokers(args: argparse.Namespace) -> int:
         settings = load_engine_settings(args.engine_config)
     except ConfigError as exc:
         return _fail(EXIT_USAGE, str(exc))
-    if not settings.brokers.remote_log_metadata.enabled:
+    if not (settings.brokers.remote_log_metadata.enabled or settings.brokers.actuator.enabled):
         return _fail(
             EXIT_USAGE,
-            "nothing to run: brokers.remote_log_metadata is not enabled (set its "
-            "kafka_storage_jar; docs/brokers.md)",
+            "nothing to run: neither brokers.remote_log_metadata nor brokers.actuator is enabled "
+            "(docs/brokers.md)",
         )
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     return run_brokers(settings)
