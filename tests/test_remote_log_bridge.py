@@ -40,7 +40,7 @@ from state.config import load_quota_config
 from streaming.commands.brokers import build_remote_log_bridge
 from streaming.engine.job import start_query
 from streaming.engine.settings import EngineSettings
-from streaming.kafka_broker import KafkaCluster, kafka_libs, kafka_version
+from streaming.kafka_broker import KafkaCluster, KafkaNode, kafka_libs, kafka_version
 from streaming.services import LocalService
 from tests.servers import wait_until_in_sync
 
@@ -235,11 +235,31 @@ def test_the_engine_publishes_each_partitions_remote_log_size_as_the_broker_repo
         query.stop()
     assert all(size > 0 for size in engine.values()), engine
     published = "quotastream_remote_log_events_published_total"
-    deleted = bridge.sample(published, state="delete_finished")
-    copied = bridge.sample(published, state="copy_finished")
+    deleted = bridge.sample(published, event="delete_finished")
+    copied = bridge.sample(published, event="copy_finished")
     assert deleted > 0  # the broker's retention deleted segments of `sized`
     assert copied > deleted
     assert bridge.sample("quotastream_remote_log_dead_letters_total", reason=UNDECODABLE) == 0
+
+
+def broker_metric(node: KafkaNode, name: str, topic: str) -> float:
+    """A per-topic ``BrokerTopicMetrics`` counter of one broker, from its JMX exporter (0: none)."""
+    with urllib.request.urlopen(node.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels == {"name": name, "topic": topic}:
+                return sample.value
+    return 0.0
+
+
+def until(condition: Any, timeout_s: float, what: str) -> Any:
+    """Polls ``condition`` until it returns something true; fails naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while not (result := condition()):
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
+        time.sleep(0.5)
+    return result
 
 
 def metadata_records(address: str) -> list[bytes]:
@@ -345,7 +365,23 @@ def test_the_bridge_resumes_from_its_position_and_dead_letters_what_it_cannot_fo
     produce(address, [topic], seconds=4)
     libs = kafka_libs()
     schemas = RemoteLogMetadataSchemas.from_jar(libs / f"kafka-storage-{kafka_version(libs)}.jar")
-    records = metadata_records(address)
+
+    def copies_agree() -> list[bytes] | None:
+        """The metadata now, once the uploads its records make equal what the brokers counted
+        (``RemoteCopyBytesPerSec`` of the topic, on every broker): each upload's remote_copy
+        bytes are the copy quota's."""
+        values = metadata_records(address)
+        made = sum(
+            event["bytes"]
+            for event in lifecycle_events(schemas, values)
+            if event["kind"] == "remote_copy" and event["topic"] == topic
+        )
+        counted = sum(
+            broker_metric(node, "RemoteCopyBytesPerSec", topic) for node in tiered_cluster.nodes
+        )
+        return values if made == counted > 0 else None
+
+    records = until(copies_agree, 60, "the uploads' bytes equal the brokers' count")
     decoded = [schemas.decode(value) for value in records]
     finished = {
         d.message.remote_log_segment_id.id

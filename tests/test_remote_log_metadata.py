@@ -205,15 +205,18 @@ def test_every_record_of_a_segments_life_decodes_as_kafka_decodes_it(
     states = segment_states(ours)
     assert len(states) >= 3
 
-    # The engine's events of them: each upload counted from its finish to its deletion's.
+    # The engine's events of them: each upload counted from its finish to its deletion's, and
+    # each upload's start a remote_copy of the segment's size.
     lifecycle = SegmentLifecycle()
     made = [event for value in values for event in lifecycle.apply(schemas.decode(value))]
-    assert sorted((e["segment_id"], e["state"]) for e in made) == sorted(
+    segments = [e for e in made if e["kind"] == "remote_segment"]
+    assert sorted((e["segment_id"], e["state"]) for e in segments) == sorted(
         (segment, state)
         for segment, lived in states.items()
         if lived == deleted
         for state in ("copy_finished", "delete_finished")
     )
+    assert sum(e["kind"] == "remote_copy" for e in made) == len(states)
     assert len(lifecycle) == sum(lived == copied[:1] for lived in states.values())
     # ... and the engine's validator accepts every one (one batched message).
     parsed = parse_events([json.dumps(made).encode()])

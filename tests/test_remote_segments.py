@@ -38,6 +38,7 @@ def started(segment: uuid.UUID, *, number: int = 0, state: int = COPY_STARTED) -
         start_offset=10,
         end_offset=19,
         broker_id=2,
+        event_timestamp_ms=900,
         segment_leader_epochs=[
             SimpleNamespace(leader_epoch=0, offset=10),
             SimpleNamespace(leader_epoch=3, offset=15),
@@ -69,6 +70,11 @@ def events(lifecycle: SegmentLifecycle, records: list[Decoded]) -> list[dict[str
     return [event for record in records for event in lifecycle.apply(record)]
 
 
+def segment_events(lifecycle: SegmentLifecycle, records: list[Decoded]) -> list[dict[str, Any]]:
+    """The ``remote_segment`` events of ``records`` (not their uploads' ``remote_copy``)."""
+    return [e for e in events(lifecycle, records) if e["kind"] == "remote_segment"]
+
+
 def test_an_upload_counts_from_its_finish_to_its_deletions_finish() -> None:
     segment = uuid.uuid4()
     lifecycle = SegmentLifecycle()
@@ -92,7 +98,9 @@ def test_an_upload_counts_from_its_finish_to_its_deletions_finish() -> None:
         "segment_leader_epochs": {"0": 10, "3": 15},
         "end_offset": 19,
     }
+    copy = {"kind": "remote_copy", "ts": 900, "broker": 2, "topic": "tiered", "partition": 0}
     assert made == [
+        copy | {"bytes": 8_560},  # what the copy quota records as the upload begins
         expected | {"ts": 1_000, "state": "copy_finished"},
         expected | {"ts": 5_100, "state": "delete_finished"},
     ]
@@ -102,14 +110,14 @@ def test_an_upload_counts_from_its_finish_to_its_deletions_finish() -> None:
 def test_an_upload_that_never_finished_never_counts_and_goes_with_its_partition() -> None:
     segment = uuid.uuid4()
     lifecycle = SegmentLifecycle()
-    assert events(lifecycle, [started(segment), partition_deleted(0)]) == []
+    assert segment_events(lifecycle, [started(segment), partition_deleted(0)]) == []
     assert len(lifecycle) == 1  # marked for deletion: not gone yet
     assert events(lifecycle, [partition_deleted(2, number=1)]) == []
     assert len(lifecycle) == 1  # another partition's
     assert events(lifecycle, [partition_deleted(2)]) == []
     assert len(lifecycle) == 0
     other = uuid.uuid4()
-    assert events(lifecycle, [started(other), updated(other, DELETE_FINISHED)]) == []
+    assert segment_events(lifecycle, [started(other), updated(other, DELETE_FINISHED)]) == []
 
 
 @pytest.mark.parametrize(
@@ -160,7 +168,8 @@ def test_segments_interleaved_in_any_order_make_the_same_events(
     lives: list[str], order: Any
 ) -> None:
     """Each segment's records in the order Kafka wrote them, the segments interleaved anyhow:
-    one copy_finished per finished upload, one delete_finished per deletion, nothing else."""
+    one remote_copy per upload started, one copy_finished per finished upload, one
+    delete_finished per deletion, nothing else."""
     queues = []
     for number, life in enumerate(lives):
         segment = uuid.UUID(int=number + 1)
@@ -173,7 +182,10 @@ def test_segments_interleaved_in_any_order_make_the_same_events(
         queue = order.choice([q for q in queues if q])
         interleaved.append(queue.pop(0))
     lifecycle = SegmentLifecycle()
-    made = Counter((e["segment_id"], e["state"]) for e in events(lifecycle, interleaved))
+    made_all = events(lifecycle, interleaved)
+    made = Counter((e["segment_id"], e["state"]) for e in made_all if e["kind"] == "remote_segment")
+    # Every upload's start is one remote_copy, finished or not.
+    assert sum(e["kind"] == "remote_copy" for e in made_all) == len(lives)
     wanted = Counter(
         (kafka_uuid(uuid.UUID(int=number + 1)), state)
         for number, life in enumerate(lives)

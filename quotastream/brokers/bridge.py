@@ -31,6 +31,7 @@ import json
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -65,8 +66,14 @@ class RemoteLogBridgeMetrics:
         )
         self.events = Counter(
             "quotastream_remote_log_events_published",
-            "remote_segment events published to the events topic, by state",
-            ["state"],
+            "Events published to the events topic: remote_copy, and remote_segment by state",
+            ["event"],
+            registry=registry,
+        )
+        self.too_old = Counter(
+            "quotastream_remote_log_copies_too_old",
+            "remote_copy events not published: older than events.max_past_ms, so the engine "
+            "would reject them (a first start's history, or a long outage)",
             registry=registry,
         )
         self.dead_letters = Counter(
@@ -104,7 +111,9 @@ class RemoteLogBridge:
 
     ``new_consumer()`` makes a kafka-python ``KafkaConsumer`` of the bridge's group on the
     cluster (no auto-commit), ``new_producer()`` a ``KafkaProducer`` on the engine's Kafka
-    (``acks=all``); both are made again after a failure."""
+    (``acks=all``); both are made again after a failure. ``remote_copy`` events older than
+    ``traffic_horizon_ms`` (the engine's ``events.max_past_ms``) are counted, not published:
+    the engine would reject them, and no quota window counts them any more."""
 
     def __init__(
         self,
@@ -118,6 +127,8 @@ class RemoteLogBridge:
         retry_ms: int,
         max_retry_ms: int,
         server: str,
+        traffic_horizon_ms: int | None = None,
+        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         self._schemas = schemas
         self._topics = topics
@@ -130,6 +141,8 @@ class RemoteLogBridge:
         self._outage = Outage(
             server, math.inf, meanwhile="reading __remote_log_metadata again once it answers"
         )
+        self._traffic_horizon_ms = traffic_horizon_ms
+        self._clock_ms = clock_ms
         self._stopped = threading.Event()
         #: Set once a pass has read every partition up to where it was when the pass began.
         self.caught_up = threading.Event()
@@ -242,10 +255,19 @@ class RemoteLogBridge:
         if not fresh:
             return []
         futures = []
+        oldest = (
+            None
+            if self._traffic_horizon_ms is None
+            else self._clock_ms() - self._traffic_horizon_ms
+        )
         for event in events:
+            is_copy = event["kind"] == "remote_copy"
+            if is_copy and oldest is not None and event["ts"] < oldest:
+                self._metrics.too_old.inc()
+                continue
             key = f"{event['topic']}-{event['partition']}".encode()
             futures.append(producer.send(self._topics.events, json.dumps(event).encode(), key=key))
-            self._metrics.events.labels(event["state"]).inc()
+            self._metrics.events.labels("remote_copy" if is_copy else event["state"]).inc()
         return futures
 
     @staticmethod

@@ -1,13 +1,15 @@
 """Remote segments' lifecycle, from ``__remote_log_metadata``'s records to the engine's
-``remote_segment`` events (``docs/events.md``).
+``remote_segment`` events, and each upload's ``remote_copy`` event (``docs/events.md``).
 
 Kafka writes a segment's upload as a record of its metadata in state ``COPY_SEGMENT_STARTED``
 (offsets, leader epochs, size), then an update to ``COPY_SEGMENT_FINISHED`` that repeats none of
 it; its deletion as two updates, ``DELETE_SEGMENT_STARTED`` then ``DELETE_SEGMENT_FINISHED``. The
 engine counts a segment from its ``copy_finished`` event until its ``delete_finished`` one, with
 its size and epochs on both: so a started upload is remembered until it finishes, and a finished
-one until it is deleted. A segment's records are in one partition of the metadata topic (Kafka
-picks it by the segment's topic partition), in the order they were written.
+one until it is deleted. Each upload's start is also the bytes Kafka's copy quota (KIP-956)
+records for it, per partition: a ``remote_copy`` event. A segment's records are in one
+partition of the metadata topic (Kafka picks it by the segment's topic partition), in the order
+they were written.
 
 Pure: records in, events out; what to do with what it refuses is the caller's.
 """
@@ -107,19 +109,29 @@ class SegmentLifecycle:
         if not epochs:
             raise RefusedRecordError("a segment without leader epochs")
         key = kafka_uuid(segment_id.id)
-        self._segments.setdefault(
-            key,
-            _Segment(
-                topic=segment_id.topic_id_partition.name,
-                topic_id=segment_id.topic_id_partition.id,
-                partition=segment_id.topic_id_partition.partition,
-                segment_id=key,
-                end_offset=m.end_offset,
-                leader_epochs=epochs,
-                size=m.segment_size_in_bytes,
-            ),
+        if key in self._segments:
+            return []
+        segment = self._segments[key] = _Segment(
+            topic=segment_id.topic_id_partition.name,
+            topic_id=segment_id.topic_id_partition.id,
+            partition=segment_id.topic_id_partition.partition,
+            segment_id=key,
+            end_offset=m.end_offset,
+            leader_epochs=epochs,
+            size=m.segment_size_in_bytes,
         )
-        return []
+        # The copy quota records the segment's size as the upload begins (RLMCopyTask: the
+        # same FileRecords.sizeInBytes() this record carries), once per attempt.
+        return [
+            {
+                "kind": "remote_copy",
+                "ts": m.event_timestamp_ms,
+                "broker": m.broker_id,
+                "topic": segment.topic,
+                "partition": segment.partition,
+                "bytes": segment.size,
+            }
+        ]
 
     def _updated(self, m: Any) -> list[dict[str, Any]]:
         state = _state(m.remote_log_segment_state)

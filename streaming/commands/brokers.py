@@ -80,6 +80,7 @@ def build_remote_log_bridge(
         retry_ms=brokers.retry_ms,
         max_retry_ms=brokers.max_retry_ms,
         server=f"Kafka at {cluster.bootstrap_servers}",
+        traffic_horizon_ms=settings.events.max_past_ms,
     )
 
 
