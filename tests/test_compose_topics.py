@@ -9,9 +9,11 @@ A configuration topic made any other way is refused by the engine at start (exit
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
+import pytest
 import yaml
 
 from streaming.engine.config_log import kafka_topics_options
@@ -93,3 +95,52 @@ def test_compose_deploys_the_kafka_release_the_tests_run() -> None:
     }
     assert set(images) == {"kafka", "kafka-init"}
     assert set(images.values()) == {f"apache/kafka:{pinned_kafka_version()}"}
+
+
+def _pom_property(name: str) -> str:
+    pom = (ROOT / "scripts" / "kafka" / "pom.xml").read_text()
+    match = re.search(rf"<{re.escape(name)}>([^<]+)</{re.escape(name)}>", pom)
+    assert match is not None, name
+    return match.group(1)
+
+
+def test_the_broker_and_the_brokers_agent_use_the_jars_the_init_step_fetches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docker-compose's kafka-jars step copies the pom's `agents` and `tiered` items into one
+    volume; the broker's JMX agent and tiered-storage class path, and `quotastream brokers`'
+    schema jar, name files of those versions there, and the agent's settings are valid."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    kafka, exporter = _pom_property("kafka.version"), _pom_property("jmx.exporter.version")
+    script = "\n".join(services["kafka-jars"]["command"])
+    assert "dependency:copy@agents -DoutputDirectory=/jars/agents" in script
+    assert "dependency:copy@tiered -DoutputDirectory=/jars/tiered" in script
+    mounted = "/opt/quotastream-jars"
+    assert f"kafka-jars:{mounted}:ro" in services["kafka"]["volumes"]
+    assert f"kafka-jars:{mounted}:ro" in services["brokers"]["volumes"]
+    broker = services["kafka"]["environment"]
+    assert f"{mounted}/agents/jmx_prometheus_javaagent-{exporter}.jar=9404:" in broker["KAFKA_OPTS"]
+    assert broker["KAFKA_REMOTE_LOG_STORAGE_MANAGER_CLASS_PATH"].split(":") == [
+        f"{mounted}/tiered/kafka-storage-{kafka}-test.jar",
+        f"{mounted}/tiered/kafka-clients-{kafka}-test.jar",
+    ]
+    agent = services["brokers"]["environment"]
+    jar = "QUOTASTREAM_BROKERS__REMOTE_LOG_METADATA__KAFKA_STORAGE_JAR"
+    assert agent[jar] == f"{mounted}/tiered/kafka-storage-{kafka}.jar"
+    # The agent's settings, as the container reads them (the jar made to exist here).
+    (tmp_path / "kafka-storage.jar").write_bytes(b"")
+    for name, value in {**agent, jar: str(tmp_path / "kafka-storage.jar")}.items():
+        monkeypatch.setenv(name, str(value))
+    settings = load_engine_settings(ROOT / "conf" / "engine.yaml")
+    assert settings.brokers.remote_log_metadata.enabled
+    assert settings.brokers.actuator.enabled
+    assert settings.brokers.cluster.bootstrap_servers == "kafka:9092"
+    scrape = yaml.safe_load((ROOT / "conf" / "prometheus" / "prometheus.yml").read_text())
+    targets = {
+        t
+        for job in scrape["scrape_configs"]
+        for c in job.get("static_configs", [])
+        for t in c["targets"]
+    }
+    assert {f"brokers:{settings.brokers.metrics.port}", "kafka:9404"} <= targets
