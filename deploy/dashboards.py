@@ -839,12 +839,109 @@ def proxy() -> dashboard.Dashboard:
     )
 
 
+def brokers() -> dashboard.Dashboard:
+    def per_second(metric: str, by: str, legend: str) -> Query:
+        return (f"sum by ({by}) (rate({metric}[$__rate_interval]))", legend)
+
+    return (
+        _dashboard(
+            "quotastream-brokers",
+            "quotastream / Brokers agent",
+            "quotastream brokers (docs/brokers.md): __remote_log_metadata published as events "
+            "(the remote log bridge), and the engine's throttles set on the brokers (the "
+            "actuator).",
+        )
+        .with_panel(
+            _stat(
+                "Metadata records behind",
+                "Records of __remote_log_metadata the bridge has not read yet.",
+                "none",
+                [("sum(quotastream_remote_log_records_behind)", "behind")],
+            )
+        )
+        .with_panel(
+            _stat(
+                "Segments followed",
+                "Remote segments whose upload started and that are not deleted yet.",
+                "none",
+                [("sum(quotastream_remote_log_segments_followed)", "segments")],
+            )
+        )
+        .with_panel(
+            _stat(
+                "Throttles set",
+                "Throttle configs the actuator has set on the brokers and topics.",
+                "none",
+                [("sum(quotastream_actuator_throttles)", "set")],
+            )
+        )
+        .with_panel(
+            _stat(
+                "Reassignments",
+                "Topics with a partition reassignment running, as the actuator last saw them.",
+                "none",
+                [("max(quotastream_actuator_reassignments)", "running")],
+            )
+        )
+        .with_panel(
+            _series(
+                "Events published",
+                "Events the bridge published: each upload's remote_copy, and the segments' "
+                "copy_finished and delete_finished; copies too old for the engine, counted.",
+                "none",
+                [
+                    per_second(
+                        "quotastream_remote_log_events_published_total", "event", "{{event}}/s"
+                    ),
+                    per_second("quotastream_remote_log_copies_too_old_total", "job", "too old/s"),
+                ],
+            )
+        )
+        .with_panel(
+            _series(
+                "Records read, dead letters, restarts",
+                "Metadata records read (now: published; replayed: read again after a start to "
+                "rebuild state), records sent to the dead-letter topic by reason, and passes "
+                "started again after a failure.",
+                "none",
+                [
+                    per_second("quotastream_remote_log_records_total", "read", "{{read}}/s"),
+                    per_second(
+                        "quotastream_remote_log_dead_letters_total",
+                        "reason",
+                        "dead letters/s {{reason}}",
+                    ),
+                    per_second("quotastream_remote_log_restarts_total", "job", "restarts/s"),
+                ],
+            )
+        )
+        .with_panel(
+            _series(
+                "Throttle changes",
+                "Changes the actuator made to the brokers' configs (or, dry run, would have), by "
+                "key and operation, and passes that failed.",
+                "none",
+                [
+                    per_second(
+                        "quotastream_actuator_changes_total",
+                        "key, op, dry_run",
+                        "{{op}} {{key}} (dry run: {{dry_run}})",
+                    ),
+                    per_second("quotastream_actuator_failures_total", "job", "failed passes/s"),
+                ],
+                width=24,
+            )
+        )
+    )
+
+
 DASHBOARDS: Final = {
     "quotas-overview.json": quotas_overview,
     "replication-throttling.json": replication,
     "tiered-storage.json": tiered_storage,
     "engine-health.json": engine_health,
     "proxy.json": proxy,
+    "brokers.json": brokers,
 }
 
 

@@ -2,8 +2,9 @@
 
 The names come from the code that exports them, so there is one list each: the engine's exporter
 (:data:`streaming.engine.metric_names.METRICS`), the enforcement agents' cached client
-(:class:`quotastream.CachedQuotaClient` with a ``registry``) and ``quotastream proxy``
-(:class:`quotastream.proxy.metrics.ProxyMetrics`). The tests check that every
+(:class:`quotastream.CachedQuotaClient` with a ``registry``), ``quotastream proxy``
+(:class:`quotastream.proxy.metrics.ProxyMetrics`) and ``quotastream brokers`` (its bridge's and
+actuator's metrics). The tests check that every
 dashboard query and every rule reads only these names (plus the recording rules' own outputs and
 Prometheus's ``up``), so a renamed metric fails the build here rather than leaving an empty panel
 or an alert that never fires.
@@ -16,6 +17,8 @@ from typing import Final
 import redis
 from prometheus_client import CollectorRegistry
 
+from quotastream.brokers.actuator import ActuatorMetrics
+from quotastream.brokers.bridge import RemoteLogBridgeMetrics
 from quotastream.cache import CachedQuotaClient
 from quotastream.client import QuotaClient
 from quotastream.proxy.metrics import ProxyMetrics
@@ -45,6 +48,14 @@ def proxy_metric_names() -> frozenset[str]:
     return _exposed(registry)
 
 
+def brokers_metric_names() -> frozenset[str]:
+    """The names ``quotastream brokers`` registers: its remote log bridge's and actuator's."""
+    registry = CollectorRegistry()
+    RemoteLogBridgeMetrics(registry)
+    ActuatorMetrics(registry)
+    return _exposed(registry)
+
+
 def _exposed(registry: CollectorRegistry) -> frozenset[str]:
     return frozenset(
         f"{family.name}_total" if family.type == "counter" else family.name
@@ -53,12 +64,13 @@ def _exposed(registry: CollectorRegistry) -> frozenset[str]:
 
 
 def queryable_names() -> frozenset[str]:
-    """The names a PromQL query may select: the engine's, the agents' and the proxy's metrics,
-    and each histogram's series."""
+    """The names a PromQL query may select: the engine's, the agents', the proxy's and
+    ``quotastream brokers``' metrics, and each histogram's series."""
     suffixes = ("_bucket", "_sum", "_count")
     return (
         CONTRACT_METRIC_NAMES
         | agent_metric_names()
         | proxy_metric_names()
+        | brokers_metric_names()
         | {h + s for h in HISTOGRAMS for s in suffixes}
     )

@@ -23,6 +23,7 @@ from deploy import dashboards
 from deploy.metrics import (
     CONTRACT_METRIC_NAMES,
     agent_metric_names,
+    brokers_metric_names,
     proxy_metric_names,
     queryable_names,
 )
@@ -151,7 +152,7 @@ def test_committed_dashboards_match_the_generator() -> None:
 
 def test_dashboard_uids_are_unique() -> None:
     uids = [json.loads(text)["uid"] for text in dashboards.render().values()]
-    assert len(set(uids)) == len(uids) == len(dashboards.DASHBOARDS) == 5
+    assert len(set(uids)) == len(uids) == len(dashboards.DASHBOARDS) == 6
 
 
 def _datasource_refs(node: Any, where: str) -> Iterator[tuple[str, Any]]:
@@ -226,6 +227,7 @@ def test_dashboards_read_only_contract_metrics() -> None:
     on_dashboards = histogram_bases | used
     assert on_dashboards >= CONTRACT_METRIC_NAMES, "every metric is on a dashboard"
     assert on_dashboards >= proxy_metric_names(), "every proxy metric is on a dashboard"
+    assert on_dashboards >= brokers_metric_names(), "every brokers agent metric is on a dashboard"
 
 
 @pytest.mark.parametrize(
