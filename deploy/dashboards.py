@@ -698,10 +698,12 @@ def engine_health() -> dashboard.Dashboard:
     )
 
 
-def proxy() -> dashboard.Dashboard:
-    def per_second(metric: str, by: str, legend: str) -> Query:
-        return (f"sum by ({by}) (rate({metric}[$__rate_interval]))", legend)
+def _per_second(metric: str, by: str, legend: str) -> Query:
+    """A counter's rate summed ``by`` labels, with its legend."""
+    return (f"sum by ({by}) (rate({metric}[$__rate_interval]))", legend)
 
+
+def proxy() -> dashboard.Dashboard:
     return (
         _dashboard(
             "quotastream-proxy",
@@ -753,7 +755,7 @@ def proxy() -> dashboard.Dashboard:
                 "Requests/s by API",
                 "Requests forwarded to the brokers.",
                 "reqps",
-                [per_second("quotastream_proxy_requests_total", "api", "{{api}}")],
+                [_per_second("quotastream_proxy_requests_total", "api", "{{api}}")],
             )
         )
         .with_panel(
@@ -762,7 +764,7 @@ def proxy() -> dashboard.Dashboard:
                 "Frame bytes forwarded: requests to the brokers, responses to the clients.",
                 "Bps",
                 [
-                    per_second(
+                    _per_second(
                         "quotastream_proxy_bytes_total", "api, direction", "{{api}} {{direction}}"
                     )
                 ],
@@ -775,10 +777,10 @@ def proxy() -> dashboard.Dashboard:
                 "connection-seconds muted per second (about the connections held at a time).",
                 "none",
                 [
-                    per_second(
+                    _per_second(
                         "quotastream_proxy_throttled_responses_total", "api", "{{api}} throttled/s"
                     ),
-                    per_second("quotastream_proxy_held_seconds_total", "job", "connections held"),
+                    _per_second("quotastream_proxy_held_seconds_total", "job", "connections held"),
                 ],
             )
         )
@@ -789,11 +791,11 @@ def proxy() -> dashboard.Dashboard:
                 "client bytes they counted.",
                 "none",
                 [
-                    per_second("quotastream_proxy_events_published_total", "job", "published/s"),
-                    per_second(
+                    _per_second("quotastream_proxy_events_published_total", "job", "published/s"),
+                    _per_second(
                         "quotastream_proxy_events_dropped_total", "reason", "dropped/s {{reason}}"
                     ),
-                    per_second(
+                    _per_second(
                         "quotastream_proxy_counted_bytes_dropped_total",
                         "reason",
                         "bytes dropped/s {{reason}}",
@@ -808,8 +810,10 @@ def proxy() -> dashboard.Dashboard:
                 "gone, drained at shutdown, ...).",
                 "none",
                 [
-                    per_second("quotastream_proxy_connections_accepted_total", "job", "accepted/s"),
-                    per_second(
+                    _per_second(
+                        "quotastream_proxy_connections_accepted_total", "job", "accepted/s"
+                    ),
+                    _per_second(
                         "quotastream_proxy_connections_closed_total",
                         "reason",
                         "closed/s {{reason}}",
@@ -824,7 +828,7 @@ def proxy() -> dashboard.Dashboard:
                 "fail_closed; alert QuotastreamAgentsFailing), and whether Redis is reachable.",
                 "none",
                 [
-                    per_second(
+                    _per_second(
                         'quotastream_agent_answers_total{job="quotastream-proxy"}',
                         "source",
                         "{{source}}/s",
@@ -840,9 +844,6 @@ def proxy() -> dashboard.Dashboard:
 
 
 def brokers() -> dashboard.Dashboard:
-    def per_second(metric: str, by: str, legend: str) -> Query:
-        return (f"sum by ({by}) (rate({metric}[$__rate_interval]))", legend)
-
     return (
         _dashboard(
             "quotastream-brokers",
@@ -890,10 +891,10 @@ def brokers() -> dashboard.Dashboard:
                 "copy_finished and delete_finished; copies too old for the engine, counted.",
                 "none",
                 [
-                    per_second(
+                    _per_second(
                         "quotastream_remote_log_events_published_total", "event", "{{event}}/s"
                     ),
-                    per_second("quotastream_remote_log_copies_too_old_total", "job", "too old/s"),
+                    _per_second("quotastream_remote_log_copies_too_old_total", "job", "too old/s"),
                 ],
             )
         )
@@ -905,13 +906,13 @@ def brokers() -> dashboard.Dashboard:
                 "started again after a failure.",
                 "none",
                 [
-                    per_second("quotastream_remote_log_records_total", "read", "{{read}}/s"),
-                    per_second(
+                    _per_second("quotastream_remote_log_records_total", "read", "{{read}}/s"),
+                    _per_second(
                         "quotastream_remote_log_dead_letters_total",
                         "reason",
                         "dead letters/s {{reason}}",
                     ),
-                    per_second("quotastream_remote_log_restarts_total", "job", "restarts/s"),
+                    _per_second("quotastream_remote_log_restarts_total", "job", "restarts/s"),
                 ],
             )
         )
@@ -922,12 +923,12 @@ def brokers() -> dashboard.Dashboard:
                 "key and operation, and passes that failed.",
                 "none",
                 [
-                    per_second(
+                    _per_second(
                         "quotastream_actuator_changes_total",
                         "key, op, dry_run",
                         "{{op}} {{key}} (dry run: {{dry_run}})",
                     ),
-                    per_second("quotastream_actuator_failures_total", "job", "failed passes/s"),
+                    _per_second("quotastream_actuator_failures_total", "job", "failed passes/s"),
                 ],
                 width=24,
             )

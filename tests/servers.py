@@ -1,18 +1,26 @@
 """Servers only the tests start, on free loopback ports (``streaming/services.py`` starts them):
-a Spark standalone cluster; and the Apache Kafka release the project pins."""
+a Spark standalone cluster; and the Apache Kafka release the project pins. And what tests of
+running servers share: a ``quotastream`` command in a process of its own, a broker's exported
+metrics, a topic's records, a condition waited for."""
 
 from __future__ import annotations
 
 import os
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from subprocess import STDOUT, Popen
+from typing import Any, TypeVar
+from urllib.request import urlopen
 from xml.etree import ElementTree
 
-from kafka import KafkaAdminClient
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.consumer.fetcher import ConsumerRecord
+from prometheus_client.parser import text_string_to_metric_families
 
+from streaming.kafka_broker import KafkaNode
 from streaming.services import (
     LOOPBACK,
     LocalService,
@@ -160,3 +168,72 @@ def wait_until_registered(bootstrap_servers: str, brokers: int, timeout_s: float
             time.sleep(0.2)
     finally:
         admin.close()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
+
+
+def start_command(
+    args: Sequence[str], output: Path, ready: str, timeout_s: float = 60
+) -> Popen[bytes]:
+    """``quotastream ARGS`` in a process of its own, its output appended to ``output``, once
+    that output says ``ready``; fails with the output's end if it exits or times out first."""
+    with output.open("ab") as sink:
+        process = Popen(
+            [sys.executable, "-m", "streaming.commands.cli", *args],
+            cwd=ROOT,
+            stdout=sink,
+            stderr=STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    deadline = time.monotonic() + timeout_s
+    while ready not in output.read_text(errors="replace"):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            tail = output.read_text(errors="replace")[-2000:]
+            raise AssertionError(
+                f"quotastream {args[0]} not {ready!r} (exit {process.poll()}): {tail}"
+            )
+        time.sleep(0.05)
+    return process
+
+
+def until(condition: Callable[[], T | None], timeout_s: float, what: str) -> T:
+    """Polls ``condition`` until it returns something true, and returns it; fails naming
+    ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not (result := condition()):
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
+        time.sleep(0.2)
+    return result
+
+
+def broker_metric(node: KafkaNode, metric: str, **labels: str) -> float | None:
+    """A sample of a broker's JMX exporter: ``metric`` with exactly ``labels`` (None: absent)."""
+    with urlopen(node.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == metric and sample.labels == labels:
+                return float(sample.value)
+    return None
+
+
+def topic_records(address: str, topic: str) -> list[ConsumerRecord]:
+    """Every record ``topic`` holds now, partition by partition, in offset order."""
+    consumer = KafkaConsumer(bootstrap_servers=address, enable_auto_commit=False)
+    try:
+        assigned = [
+            TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())
+        ]
+        consumer.assign(assigned)
+        consumer.seek_to_beginning()
+        ends = consumer.end_offsets(assigned)
+        records: dict[TopicPartition, list[ConsumerRecord]] = {tp: [] for tp in assigned}
+        while any(consumer.position(tp) < ends[tp] for tp in assigned):
+            for tp, polled in consumer.poll(timeout_ms=500).items():
+                records[tp] += [r for r in polled if r.offset < ends[tp]]
+        return [record for tp in assigned for record in records[tp]]
+    finally:
+        consumer.close()

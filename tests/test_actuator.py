@@ -6,13 +6,11 @@ the actuator is killed mid-move."""
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +22,6 @@ import yaml
 from kafka import KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
 from quotastream.brokers.throttles import (
     COPY_RATE,
@@ -39,8 +36,12 @@ from streaming.commands.cli import main
 from streaming.engine.settings import EngineSettings
 from streaming.kafka_broker import KafkaCluster, KafkaNode
 from streaming.services import LocalService
+from tests.servers import broker_metric, start_command, until
 
 ROOT = Path(__file__).parents[1]
+COUNT = "kafka_server_BrokerTopicMetrics_Count"
+#: What ``quotastream brokers`` logs once its workers run.
+RUNNING = "quotastream brokers running: actuator"
 THROTTLE = 400_000  # bytes a second
 OFFERED = 40_000  # bytes a second to a tiered topic: a 40 kB segment a second to upload
 #: The tolerance. Kafka lets a replica fetch through while the measured rate (11 one-second
@@ -117,25 +118,10 @@ def throttle_configs(address: str, topic: str) -> dict[str, str]:
     return found
 
 
-def until(condition: Any, timeout_s: float, what: str) -> Any:
-    """Polls ``condition`` until it returns something true; fails naming ``what``."""
-    deadline = time.monotonic() + timeout_s
-    while not (result := condition()):
-        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
-        time.sleep(0.2)
-    return result
-
-
 def replication_bytes_in(node: KafkaNode) -> float:
-    with urllib.request.urlopen(node.metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "kafka_server_BrokerTopicMetrics_Count" and sample.labels == {
-                "name": "ReplicationBytesInPerSec"
-            }:
-                return sample.value
-    raise AssertionError(f"no ReplicationBytesInPerSec on node {node.node_id}")
+    count = broker_metric(node, COUNT, name="ReplicationBytesInPerSec")
+    assert count is not None, f"no ReplicationBytesInPerSec on node {node.node_id}"
+    return count
 
 
 def topic_on_broker_1(address: str) -> str:
@@ -241,25 +227,6 @@ def test_a_reassignment_completes_within_the_throttle_the_actuator_set_and_leave
     assert "quotastream-actuator" in history
 
 
-def start_command(path: Path) -> subprocess.Popen[bytes]:
-    """``quotastream brokers`` in a process of its own, its log beside its settings."""
-    with (path.parent / "brokers.log").open("ab") as output:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "streaming.commands.cli",
-                "brokers",
-                "--engine-config",
-                str(path),
-            ],
-            cwd=ROOT,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-
-
 def test_an_actuator_killed_mid_move_and_started_again_leaves_nothing_behind(
     tiered_cluster: KafkaCluster, redis_server: LocalService, tmp_path: Path
 ) -> None:
@@ -271,7 +238,8 @@ def test_an_actuator_killed_mid_move_and_started_again_leaves_nothing_behind(
     path, settings = settings_file(tiered_cluster, redis_server, tmp_path)
     topic = topic_on_broker_1(address)
     plan_throttle(path, topic)
-    process = start_command(path)
+    command, output = ["brokers", "--engine-config", str(path)], tmp_path / "brokers.log"
+    process = start_command(command, output, RUNNING)
     ownership = redis.Redis(host=redis_server.host, port=redis_server.port)
     try:
         until(lambda: len(throttle_configs(address, topic)) == 6, 60, "the throttle set")
@@ -288,7 +256,7 @@ def test_an_actuator_killed_mid_move_and_started_again_leaves_nothing_behind(
     assert len(throttle_configs(address, topic)) == 6  # nothing removed it
     until(lambda: moved(address, topic), 120, "the move complete")
     assert len(throttle_configs(address, topic)) == 6
-    process = start_command(path)
+    process = start_command(command, output, RUNNING)
     try:
         until(lambda: throttle_configs(address, topic) == {}, 60, "every throttle removed")
     finally:
@@ -297,7 +265,7 @@ def test_an_actuator_killed_mid_move_and_started_again_leaves_nothing_behind(
 
 
 def leader_metric(cluster: KafkaCluster, topic: str, name: str) -> float:
-    """A per-topic ``BrokerTopicMetrics`` counter or gauge of ``topic``'s leader (partition 0)."""
+    """A per-topic ``BrokerTopicMetrics`` counter of ``topic``'s leader (partition 0)."""
     admin = KafkaAdminClient(bootstrap_servers=cluster.address)
     try:
         [described] = admin.describe_topics([topic])
@@ -305,13 +273,7 @@ def leader_metric(cluster: KafkaCluster, topic: str, name: str) -> float:
         admin.close()
     leader = described["partitions"][0]["leader_id"]
     node = next(node for node in cluster.nodes if node.node_id == leader)
-    with urllib.request.urlopen(node.metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.labels == {"name": name, "topic": topic}:
-                return sample.value
-    return 0.0
+    return broker_metric(node, COUNT, name=name, topic=topic) or 0.0
 
 
 def test_the_remote_copy_rate_the_actuator_sets_is_the_brokers_own_quota(

@@ -17,12 +17,9 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import socket
 import struct
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -40,9 +37,8 @@ from streaming.kafka_broker import KafkaNode, start_kafka
 from streaming.services import LocalService, start_redis
 from tests.client_libraries import LIBRARIES, Access
 from tests.kafka_quotas import record_batch
+from tests.servers import start_command
 from tests.test_proxy import create_topic, proxy_settings
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def produce_one(proxy: RunningProxy, topic: str, client_id: str) -> None:
@@ -270,22 +266,6 @@ def proxy_process_settings(
     return path, settings
 
 
-def start_proxy_process(path: Path) -> subprocess.Popen[str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "streaming.commands.cli", "proxy", "--engine-config", str(path)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert process.stdout is not None
-    for line in process.stdout:
-        if line.startswith("proxy ready"):
-            return process
-    raise AssertionError(f"the proxy exited with {process.wait()} before it was ready")
-
-
 def test_clients_reconnect_after_the_proxy_restarts(
     proxy_process_settings: tuple[Path, EngineSettings], kafka: KafkaNode
 ) -> None:
@@ -293,20 +273,21 @@ def test_clients_reconnect_after_the_proxy_restarts(
     topic = "proxy-restart"
     create_topic(kafka.address, topic, partitions=1)
     bootstrap = f"{settings.proxy.client_host}:{settings.proxy.bootstrap_port}"
-    process = start_proxy_process(path)
+    output = path.parent / "proxy.log"
+    command = ["proxy", "--engine-config", str(path)]
+    process = start_command(command, output, "proxy ready")
     producer = KafkaProducer(bootstrap_servers=bootstrap, client_id="patient", acks="all")
     try:
         producer.send(topic, b"before").get(timeout=30)
         process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=60)
-        assert process.returncode == 0, output
-        assert "draining" in output
-        process = start_proxy_process(path)
+        assert process.wait(timeout=60) == 0, output.read_text()
+        assert "draining" in output.read_text()
+        process = start_command(command, output, "proxy ready")
         producer.send(topic, b"after").get(timeout=60)
     finally:
         producer.close()
         process.send_signal(signal.SIGTERM)
-        process.communicate(timeout=60)
+        process.wait(timeout=60)
     assert end_offset(kafka.address, topic) == 2
 
 

@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +21,6 @@ import yaml
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 from pyspark.sql import SparkSession
 
 from quotastream.brokers.bridge import UNDECODABLE, UNFOLLOWABLE, RemoteLogBridge
@@ -40,13 +35,22 @@ from state.config import load_quota_config
 from streaming.commands.brokers import build_remote_log_bridge
 from streaming.engine.job import start_query
 from streaming.engine.settings import EngineSettings
-from streaming.kafka_broker import KafkaCluster, KafkaNode, kafka_libs, kafka_version
+from streaming.kafka_broker import KafkaCluster, kafka_libs, kafka_version
 from streaming.services import LocalService
-from tests.servers import wait_until_in_sync
+from tests.servers import (
+    broker_metric,
+    start_command,
+    topic_records,
+    until,
+    wait_until_in_sync,
+)
+from tests.test_remote_log_metadata import metadata_values
+from tests.test_streaming import engine_settings
 
 ROOT = Path(__file__).parents[1]
 QUOTAS = ROOT / "conf" / "quotas.yaml"
 METADATA_TOPIC = "__remote_log_metadata"
+COUNT = "kafka_server_BrokerTopicMetrics_Count"
 #: Tiered topics' segments roll every second and leave the local log a second after upload.
 TIERED = {"remote.storage.enable": "true", "segment.ms": "1000", "local.retention.ms": "1000"}
 
@@ -60,32 +64,18 @@ def settings_for(
     """An engine reading its own events topic on ``cluster``, and the bridge of that cluster."""
     name = f"segments-{uuid.uuid4().hex[:8]}"
     libs = kafka_libs()
-    base = EngineSettings.model_validate(
-        {
-            "redis": {"key_prefix": name},
-            "spark": {"shards": 2, "shuffle_partitions": 2},
-            "brokers": {
-                "cluster": {"bootstrap_servers": cluster.address},
-                "remote_log_metadata": {
-                    "topic": metadata_topic,
-                    "kafka_storage_jar": str(libs / f"kafka-storage-{kafka_version(libs)}.jar"),
-                    "group_id": name,
-                    "poll_ms": 200,
-                },
-                "metrics": {"enabled": False},
-            },
-        }
-    )
-    settings = base.pointed_at(
-        cluster.address,
-        redis_server.host,
-        redis_server.port,
-        str(tmp_path / "checkpoint"),
-        topics=[name],
-        starting_offsets="earliest",
-        dead_letter_topic=f"{name}.dead-letter",
-        config_topic=None,
-    )
+    engine = engine_settings(cluster, redis_server, tmp_path, name, shuffle_partitions=2)
+    brokers = {
+        "cluster": {"bootstrap_servers": cluster.address},
+        "remote_log_metadata": {
+            "topic": metadata_topic,
+            "kafka_storage_jar": str(libs / f"kafka-storage-{kafka_version(libs)}.jar"),
+            "group_id": name,
+            "poll_ms": 200,
+        },
+        "metrics": {"enabled": False},
+    }
+    settings = EngineSettings.model_validate({**engine.model_dump(), "brokers": brokers})
     admin = KafkaAdminClient(bootstrap_servers=cluster.address)
     admin.create_topics([NewTopic(t, 3, 3) for t in (name, f"{name}.dead-letter")])
     admin.close()
@@ -135,17 +125,8 @@ def broker_remote_log_size(cluster: KafkaCluster, topic: str) -> float | None:
     expiration run."""
     leader = leader_of(cluster.address, topic)
     node = next(node for node in cluster.nodes if node.node_id == leader)
-    with urllib.request.urlopen(node.metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if (
-                sample.name == "kafka_server_BrokerTopicMetrics_Value"
-                and sample.labels.get("name") == "RemoteLogSizeBytes"
-                and sample.labels.get("topic") == topic
-            ):
-                return sample.value
-    return None
+    gauge = "kafka_server_BrokerTopicMetrics_Value"
+    return broker_metric(node, gauge, name="RemoteLogSizeBytes", topic=topic)
 
 
 def engine_remote_log_size(settings: EngineSettings, topic: str) -> int:
@@ -242,62 +223,8 @@ def test_the_engine_publishes_each_partitions_remote_log_size_as_the_broker_repo
     assert bridge.sample("quotastream_remote_log_dead_letters_total", reason=UNDECODABLE) == 0
 
 
-def broker_metric(node: KafkaNode, name: str, topic: str) -> float:
-    """A per-topic ``BrokerTopicMetrics`` counter of one broker, from its JMX exporter (0: none)."""
-    with urllib.request.urlopen(node.metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.labels == {"name": name, "topic": topic}:
-                return sample.value
-    return 0.0
-
-
-def until(condition: Any, timeout_s: float, what: str) -> Any:
-    """Polls ``condition`` until it returns something true; fails naming ``what``."""
-    deadline = time.monotonic() + timeout_s
-    while not (result := condition()):
-        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
-        time.sleep(0.5)
-    return result
-
-
-def metadata_records(address: str) -> list[bytes]:
-    """Every value ``__remote_log_metadata`` holds now, partition by partition (a segment's
-    records are all in one partition, in order)."""
-    consumer = KafkaConsumer(bootstrap_servers=address, enable_auto_commit=False)
-    try:
-        assigned = [
-            TopicPartition(METADATA_TOPIC, p)
-            for p in sorted(consumer.partitions_for_topic(METADATA_TOPIC) or ())
-        ]
-        consumer.assign(assigned)
-        consumer.seek_to_beginning()
-        ends = consumer.end_offsets(assigned)
-        values: dict[TopicPartition, list[bytes]] = {tp: [] for tp in assigned}
-        while any(consumer.position(tp) < ends[tp] for tp in assigned):
-            for tp, records in consumer.poll(timeout_ms=500).items():
-                values[tp] += [r.value for r in records if r.offset < ends[tp]]
-        return [value for tp in assigned for value in values[tp]]
-    finally:
-        consumer.close()
-
-
 def topic_values(address: str, topic: str) -> list[tuple[bytes | None, bytes]]:
-    """``topic``'s (key, value) pairs, partition by partition, in offset order."""
-    consumer = KafkaConsumer(bootstrap_servers=address, enable_auto_commit=False)
-    try:
-        assigned = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
-        consumer.assign(assigned)
-        consumer.seek_to_beginning()
-        ends = consumer.end_offsets(assigned)
-        pairs: dict[TopicPartition, list[tuple[bytes | None, bytes]]] = {tp: [] for tp in assigned}
-        while any(consumer.position(tp) < ends[tp] for tp in assigned):
-            for tp, records in consumer.poll(timeout_ms=500).items():
-                pairs[tp] += [(r.key, r.value) for r in records if r.offset < ends[tp]]
-        return [pair for tp in assigned for pair in pairs[tp]]
-    finally:
-        consumer.close()
+    return [(record.key, record.value) for record in topic_records(address, topic)]
 
 
 def by_partition(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -327,23 +254,6 @@ def lifecycle_events(schemas: RemoteLogMetadataSchemas, values: list[bytes]) -> 
     return events
 
 
-def run_command(path: Path) -> subprocess.Popen[str]:
-    """``quotastream brokers`` in a process of its own, once it has read its whole topic."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "streaming.commands.cli", "brokers", "--engine-config", str(path)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert process.stdout is not None
-    for line in process.stdout:
-        if "caught up with" in line:
-            return process
-    raise AssertionError(f"quotastream brokers exited with {process.wait()} before catching up")
-
-
 def test_the_bridge_resumes_from_its_position_and_dead_letters_what_it_cannot_follow(
     tiered_cluster: KafkaCluster, redis_server: LocalService, tmp_path: Path
 ) -> None:
@@ -370,14 +280,15 @@ def test_the_bridge_resumes_from_its_position_and_dead_letters_what_it_cannot_fo
         """The metadata now, once the uploads its records make equal what the brokers counted
         (``RemoteCopyBytesPerSec`` of the topic, on every broker): each upload's remote_copy
         bytes are the copy quota's."""
-        values = metadata_records(address)
+        values = metadata_values(address)
         made = sum(
             event["bytes"]
             for event in lifecycle_events(schemas, values)
             if event["kind"] == "remote_copy" and event["topic"] == topic
         )
         counted = sum(
-            broker_metric(node, "RemoteCopyBytesPerSec", topic) for node in tiered_cluster.nodes
+            broker_metric(node, COUNT, name="RemoteCopyBytesPerSec", topic=topic) or 0
+            for node in tiered_cluster.nodes
         )
         return values if made == counted > 0 else None
 
@@ -431,14 +342,15 @@ def test_the_bridge_resumes_from_its_position_and_dead_letters_what_it_cannot_fo
     publish_values(address, copy, second, create=False)
     path = tmp_path / "engine.yaml"
     path.write_text(yaml.safe_dump(settings.model_dump(mode="json")))
-    process = run_command(path)
+    command, output = ["brokers", "--engine-config", str(path)], tmp_path / "brokers.log"
+    process = start_command(command, output, "caught up with")
     process.send_signal(signal.SIGTERM)
     assert process.wait(30) == 0
     expected = lifecycle_events(schemas, first + second)
     assert len(expected) > len(expected_first)
     assert published(address, events_topic) == by_partition(expected)
 
-    process = run_command(path)
+    process = start_command(command, output, "caught up with")
     process.kill()
     process.wait(30)
     assert published(address, events_topic) == by_partition(expected)

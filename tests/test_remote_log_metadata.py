@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
 from quotastream.brokers.remote_log_metadata import (
@@ -34,11 +34,8 @@ from quotastream.brokers.remote_log_metadata import (
 )
 from quotastream.brokers.segments import SegmentLifecycle
 from state.events import parse_events
-from streaming.kafka_broker import (
-    KafkaCluster,
-    kafka_libs,
-    kafka_version,
-)
+from streaming.kafka_broker import KafkaCluster, kafka_libs, kafka_version
+from tests.servers import topic_records
 
 METADATA_TOPIC = "__remote_log_metadata"
 ORACLE = Path(__file__).with_name("java") / "RemoteLogMetadataOracle.java"
@@ -118,20 +115,7 @@ def kafka_renders(values: list[bytes]) -> list[str]:
 
 def metadata_values(address: str) -> list[bytes]:
     """Every value in ``__remote_log_metadata`` now, partition by partition."""
-    consumer = KafkaConsumer(bootstrap_servers=address, enable_auto_commit=False)
-    try:
-        partitions = sorted(consumer.partitions_for_topic(METADATA_TOPIC) or ())
-        assigned = [TopicPartition(METADATA_TOPIC, p) for p in partitions]
-        consumer.assign(assigned)
-        consumer.seek_to_beginning()
-        ends = consumer.end_offsets(assigned)
-        values: dict[int, list[bytes]] = {p: [] for p in partitions}
-        while any(consumer.position(tp) < ends[tp] for tp in assigned):
-            for tp, records in consumer.poll(timeout_ms=500).items():
-                values[tp.partition] += [r.value for r in records if r.offset < ends[tp]]
-        return [value for p in partitions for value in values[p]]
-    finally:
-        consumer.close()
+    return [record.value for record in topic_records(address, METADATA_TOPIC)]
 
 
 def segment_states(lines: list[str]) -> dict[str, list[str]]:

@@ -183,6 +183,7 @@ def run_brokers(settings: EngineSettings) -> int:
         signal.signal(signum, stop)
     for worker in workers:
         worker.start()
+    log.info("quotastream brokers running: %s", ", ".join(worker.name for worker in workers))
     stopped.wait()
     log.info("stopping")
     if bridge is not None:
