@@ -65,6 +65,7 @@ LAYERS: Final[Mapping[str, str]] = {
     "test_proxy_holds.py": "agent",
     "test_remote_segments.py": "agent",
     "test_throttles.py": "agent",
+    "test_counters.py": "agent",
     "test_redis_contract.py": "agent",
     "test_admin_cli.py": "admin",
     "test_cli.py": "admin",
