@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from operator import attrgetter
-from typing import Annotated, Any, ClassVar, Literal, NamedTuple
+from typing import Annotated, Any, ClassVar, Final, Literal, NamedTuple
 
 import msgspec
 import numpy as np
@@ -98,17 +98,35 @@ class RemoteCopy(_Event, tag="remote_copy", kw_only=True):
     client_id: ClientId | None = None
 
 
-class RemoteFetch(RemoteCopy, tag="remote_fetch", kw_only=True):
-    pass
+class RemoteFetch(_Event, tag="remote_fetch", kw_only=True):
+    broker: BrokerId
+    topic: Topic
+    #: None: the topic's partitions together (a broker's per-topic counter).
+    partition: Partition | None = None
+    client_id: ClientId | None = None
+
+
+#: What a replication event names about the fetch, all or none.
+_REPLICA_FIELDS: Final = ("topic", "partition", "replica", "in_sync")
 
 
 class Replication(_Event, tag="replication", kw_only=True):
     broker: BrokerId
     role: Literal["leader", "follower"]
-    topic: Topic
-    partition: Partition
-    replica: BrokerId
-    in_sync: bool
+    #: All four, or none: a broker-wide count (a broker's replication counters name no
+    #: partition, replica, throttle or ISR).
+    topic: Topic | None = None
+    partition: Partition | None = None
+    replica: BrokerId | None = None
+    in_sync: bool | None = None
+
+    def __post_init__(self) -> None:
+        missing = [name for name in _REPLICA_FIELDS if getattr(self, name) is None]
+        if missing and len(missing) < len(_REPLICA_FIELDS):
+            raise ValueError(
+                f"Object missing required field `{missing[0]}`: a replication event names its "
+                "topic, partition, replica and in_sync, or none of them (a broker-wide count)"
+            )
 
 
 class RemoteSegment(_Event, tag="remote_segment", kw_only=True):
@@ -522,8 +540,10 @@ def _columns(decoded: dict[type[_Event], _OfKind]) -> pd.DataFrame:
             values: Iterable[Any] = map(attrgetter(field), events)
             if column == "role":
                 values = map(_ROLE_CODE.__getitem__, values)
-            elif column == "end_offset":
+            elif column in ("end_offset", "partition", "replica"):
                 values = (-1 if value is None else value for value in values)
+            elif column == "in_sync":
+                values = (value is True for value in values)
             elif column == "epochs":
                 values = (None if value is None else _sorted_pairs(value) for value in values)
             parts[column].append(_array(values, dtype, count))

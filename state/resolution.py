@@ -208,16 +208,26 @@ class QuotaResolver:
     ) -> BoolArray:
         """Whether each (topic, partition) on the reporting broker is in its throttled list.
 
-        ``leader`` selects the leader list, otherwise the follower list applies.
+        ``leader`` selects the leader list, otherwise the follower list applies. A broker-wide
+        count (no topic) is taken as throttled while any topic has a list of its side: its
+        bytes are the replicas' the lists name, as far as the engine can tell (``docs/events.md``).
         """
         throttled = np.zeros(len(topics), dtype=np.bool_)
+        broker_wide = pd.isna(topics)
         for is_leader, pick in ((True, _leader_list), (False, _follower_list)):
             rows = np.flatnonzero(leader == is_leader)
             if len(rows):
                 throttled[rows] = _in_lists(
                     self.config.topics, pick, topics[rows], partitions[rows], brokers[rows]
                 )
+                wide = rows[broker_wide[rows]]
+                throttled[wide] = _any_listed(self.config.topics, is_leader)
         return throttled
+
+
+def _any_listed(topics_config: dict[str, TopicThrottles], leader: bool) -> bool:
+    pick = _leader_list if leader else _follower_list
+    return any(pick(throttles).text() for throttles in topics_config.values())
 
 
 def _leader_list(throttles: TopicThrottles) -> ThrottledReplicas:

@@ -106,6 +106,7 @@ BAD: list[tuple[RejectReason, Any]] = [
     (RejectReason.MISSING_FIELD, lambda i: without(P, "user")),
     (RejectReason.MISSING_FIELD, lambda i: without(P, "ts")),
     (RejectReason.MISSING_FIELD, lambda i: without(R, "in_sync")),
+    (RejectReason.MISSING_FIELD, lambda i: without(R, "partition")),  # all four or none
     (RejectReason.WRONG_TYPE, lambda i: with_(P, bytes=str(i))),
     (RejectReason.WRONG_TYPE, lambda i: with_(P, bytes=1.5)),
     (RejectReason.WRONG_TYPE, lambda i: with_(P, ts=float(BASE))),
@@ -425,3 +426,16 @@ def test_the_past_bound_narrows_for_traffic_not_for_what_storage_holds() -> None
     assert parsed.rejected["position"].tolist() == [0, 3, 4]
     assert set(parsed.rejected["reason"]) == {RejectReason.TS_OUT_OF_BOUNDS}
     assert "for remote_segment and leader_epochs" in parsed.rejected["detail"].iloc[0]
+
+
+def test_counts_from_a_brokers_metrics_name_no_partition() -> None:
+    """A broker's replication counter is broker-wide, its remote fetch counter per topic."""
+    broker_wide = {"kind": "replication", "ts": BASE, "bytes": 5, "broker": 1, "role": "leader"}
+    per_topic = {"kind": "remote_fetch", "ts": BASE, "bytes": 5, "broker": 1, "topic": "t"}
+    parsed = parse_events([encode(broker_wide), encode(per_topic)])
+    assert parsed.rejected.empty
+    accepted = parsed.accepted
+    assert accepted["topic"].tolist() == [None, "t"]
+    assert accepted["partition"].tolist() == [-1, -1]
+    assert accepted["replica"].tolist() == [-1, -1]
+    assert accepted["in_sync"].tolist() == [False, False]

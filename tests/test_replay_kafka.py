@@ -279,6 +279,43 @@ def test_kip73_in_sync_replicas_count_but_are_never_left_out(replay_cli: ReplayR
     assert run.decisions[2]["throttle_ms"] == round((1600 - 1000) / 1000 * 1000)
 
 
+def test_a_broker_wide_replication_count_counts_while_its_side_has_a_throttled_list(
+    replay_cli: ReplayRunner,
+) -> None:
+    """A broker's replication counter names no partition or replica (docs/events.md): its bytes
+    are taken as the throttled replicas' while any topic lists some for its side, and as no
+    quota's otherwise, as the follower records only throttled partitions."""
+
+    def broker_wide(role: str, nbytes: int, ts: int) -> dict[str, Any]:
+        return {"kind": "replication", "broker": 1, "role": role, "bytes": nbytes, "ts": ts}
+
+    run = replay_cli(
+        KIP73_CONFIG,
+        [
+            broker_wide("leader", 800, BASE),
+            broker_wide("leader", 800, BASE + 100),
+            broker_wide("follower", 800, BASE + 200),
+        ],
+    )
+    assert [(d["quota"], d.get("exceeded"), d.get("leave_out")) for d in run.decisions] == [
+        ("leader_replication", False, False),
+        ("leader_replication", True, True),  # no replica is known to be in sync
+        (None, None, None),  # no topic lists follower replicas: no quota's bytes
+    ]
+
+
+def test_a_per_topic_remote_fetch_count_measures_the_brokers_quota(
+    replay_cli: ReplayRunner,
+) -> None:
+    config = {"brokers": {DEFAULT: {"remote.log.manager.fetch.max.bytes.per.second": 1000}}}
+    per_topic = {"kind": "remote_fetch", "broker": 1, "topic": "orders", "bytes": 900}
+    run = replay_cli(config, [per_topic | {"ts": BASE}, per_topic | {"ts": BASE + 100}])
+    assert [(d["entity"], d["skip_remote"]) for d in run.decisions] == [
+        ("broker=1", False),
+        ("broker=1", True),
+    ]
+
+
 def test_kip73_lists_apply_per_role_and_broker(replay_cli: ReplayRunner) -> None:
     config = {
         "brokers": {DEFAULT: {"follower.replication.throttled.rate": 10}},
