@@ -849,8 +849,8 @@ def brokers() -> dashboard.Dashboard:
             "quotastream-brokers",
             "quotastream / Brokers agent",
             "quotastream brokers (docs/brokers.md): __remote_log_metadata published as events "
-            "(the remote log bridge), and the engine's throttles set on the brokers (the "
-            "actuator).",
+            "(the remote log bridge), the brokers' counters published as counts (the metrics "
+            "source), and the engine's throttles set on the brokers (the actuator).",
         )
         .with_panel(
             _stat(
@@ -914,6 +914,30 @@ def brokers() -> dashboard.Dashboard:
                     ),
                     _per_second("quotastream_remote_log_restarts_total", "job", "restarts/s"),
                 ],
+            )
+        )
+        .with_panel(
+            _series(
+                "Counts from the brokers' metrics",
+                "remote_fetch and replication counts published from the brokers' exporters, "
+                "counts dropped (the events topic unreachable past the backlog) and waiting, "
+                "and failed scrapes by broker (an exporter down).",
+                "none",
+                [
+                    _per_second(
+                        "quotastream_broker_metrics_events_published_total", "kind", "{{kind}}/s"
+                    ),
+                    _per_second(
+                        "quotastream_broker_metrics_events_dropped_total", "job", "dropped/s"
+                    ),
+                    ("sum(quotastream_broker_metrics_backlog)", "waiting"),
+                    (
+                        "sum by (broker) (rate(quotastream_broker_metrics_scrapes_total"
+                        '{outcome="failed"}[$__rate_interval]))',
+                        "failed scrapes/s broker {{broker}}",
+                    ),
+                ],
+                width=24,
             )
         )
         .with_panel(

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from quotastream.brokers.actuator import ActuatorMetrics
 from quotastream.brokers.bridge import RemoteLogBridgeMetrics
+from quotastream.brokers.broker_metrics import ScrapeMetrics
 from quotastream.cache import CachedQuotaClient
 from quotastream.client import QuotaClient
 from quotastream.proxy.metrics import ProxyMetrics
@@ -49,10 +50,12 @@ def proxy_metric_names() -> frozenset[str]:
 
 
 def brokers_metric_names() -> frozenset[str]:
-    """The names ``quotastream brokers`` registers: its remote log bridge's and actuator's."""
+    """The names ``quotastream brokers`` registers: its remote log bridge's, actuator's and
+    metrics source's."""
     registry = CollectorRegistry()
     RemoteLogBridgeMetrics(registry)
     ActuatorMetrics(registry)
+    ScrapeMetrics(registry)
     return _exposed(registry)
 
 

@@ -304,6 +304,6 @@ def test_brokers_names_a_missing_schema_jar_and_refuses_to_run_with_nothing_to_d
 
     engine.write_text("")
     assert main(["brokers", "--engine-config", str(engine)]) == EXIT_USAGE
-    assert "nothing to run: neither brokers.remote_log_metadata nor brokers.actuator" in (
+    assert "nothing to run: none of brokers.remote_log_metadata, brokers.actuator" in (
         capsys.readouterr().err
     )

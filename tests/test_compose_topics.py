@@ -135,6 +135,7 @@ def test_the_broker_and_the_brokers_agent_use_the_jars_the_init_step_fetches(
     settings = load_engine_settings(ROOT / "conf" / "engine.yaml")
     assert settings.brokers.remote_log_metadata.enabled
     assert settings.brokers.actuator.enabled
+    assert settings.brokers.broker_metrics.endpoints == {1: "http://kafka:9404/metrics"}
     assert settings.brokers.cluster.bootstrap_servers == "kafka:9092"
     scrape = yaml.safe_load((ROOT / "conf" / "prometheus" / "prometheus.yml").read_text())
     targets = {

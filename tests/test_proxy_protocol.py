@@ -43,7 +43,8 @@ from quotastream.proxy.identity import (
     scram_user,
 )
 from quotastream.proxy.routing import Address, Routes, advertised_versions, parse_addresses
-from quotastream.proxy.usage import FETCH, PRODUCE, UsageEvent, UsageSums, batched_messages
+from quotastream.proxy.usage import FETCH, PRODUCE, UsageEvent, UsageSums
+from quotastream.published_events import batched_messages
 from state.config import parse_quota_config
 
 ADVERTISED = "proxy.example.com"

@@ -58,6 +58,31 @@ class ActuatorSettings(BaseModel):
     interval_ms: Millis = 1_000
 
 
+class BrokerMetricsSettings(BaseModel):
+    """The brokers' JMX exporters, whose counters become remote fetch and replication counts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    #: Each broker's exporter: broker id -> the URL of its metrics (``http://host:9404/metrics``).
+    endpoints: dict[Annotated[int, Field(ge=0)], str] = {}
+    #: How often every exporter is scraped (the counts' granularity).
+    interval_ms: Millis = 1_000
+    #: How long a scrape waits for an exporter.
+    timeout_ms: Millis = 2_000
+    #: Counts kept while the events topic is unreachable; beyond, the oldest are dropped.
+    max_backlog: Annotated[int, Field(ge=1)] = 10_000
+
+    @model_validator(mode="after")
+    def _endpoints_given(self) -> BrokerMetricsSettings:
+        if self.enabled and not self.endpoints:
+            raise ValueError("endpoints is required while enabled: each broker id's exporter URL")
+        for broker, url in self.endpoints.items():
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"endpoints.{broker} {url!r} is not an http(s) URL")
+        return self
+
+
 class BrokersSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -65,6 +90,7 @@ class BrokersSettings(BaseModel):
     cluster: UpstreamSettings = UpstreamSettings()
     remote_log_metadata: RemoteLogMetadataSettings = RemoteLogMetadataSettings(enabled=False)
     actuator: ActuatorSettings = ActuatorSettings()
+    broker_metrics: BrokerMetricsSettings = BrokerMetricsSettings()
     #: After a failed read or publish, the wait before reading the topic again (doubling up
     #: to ``max_retry_ms``).
     retry_ms: Millis = 500

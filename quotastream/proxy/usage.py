@@ -22,9 +22,9 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
-import msgspec
+from quotastream.published_events import CountedEvent, Message, batched_messages
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +35,9 @@ FETCH: Final = "fetch"
 INSTANCE_HEADER: Final = "quotastream-proxy"
 
 
-class UsageEvent(msgspec.Struct, kw_only=True, gc=False):
+class UsageEvent(CountedEvent, kw_only=True, gc=False):
     """A ``produce`` or ``fetch`` event of the engine's contract (``docs/events.md``)."""
 
-    kind: str
-    ts: int
-    bytes: int
-    count: int
     user: str
     client_id: str
     broker: int
@@ -119,36 +115,6 @@ class UsageSums:
             )
             for key, total in sums.items()
         ]
-
-
-class Message(NamedTuple):
-    value: bytes
-    events: int
-    bytes: int  # the counted bytes its events carry (for the dropped-bytes metric)
-
-
-def batched_messages(events: list[UsageEvent], max_bytes: int) -> list[Message]:
-    """JSON arrays of events, each at most ``max_bytes`` (one event per message at worst)."""
-    encoder = msgspec.json.Encoder()
-    messages: list[Message] = []
-    batch: list[bytes] = []
-    counted = 0
-    size = 2  # the brackets
-
-    def close_batch() -> None:
-        messages.append(Message(b"[" + b",".join(batch) + b"]", len(batch), counted))
-
-    for event in events:
-        encoded = encoder.encode(event)
-        if batch and size + len(encoded) + 1 > max_bytes:
-            close_batch()
-            batch, size, counted = [], 2, 0
-        batch.append(encoded)
-        size += len(encoded) + 1
-        counted += event.bytes
-    if batch:
-        close_batch()
-    return messages
 
 
 class UsagePublisher:

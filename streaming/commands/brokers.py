@@ -1,6 +1,7 @@
 """``quotastream brokers``: the agent next to a cluster (``docs/brokers.md``). It publishes the
 traffic inside its brokers as the engine's events (the remote log bridge:
-``__remote_log_metadata`` to ``remote_segment`` events) and applies the engine's replication and
+``__remote_log_metadata`` to ``remote_segment`` and ``remote_copy`` events; the brokers' metrics
+to ``remote_fetch`` and ``replication`` counts) and applies the engine's replication and
 remote-copy throttles to the brokers' own configs (the actuator)."""
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import math
 import signal
 import threading
 import time
+import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -21,9 +24,15 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from quotastream.brokers.actuator import Actuator, ActuatorMetrics, Ownership
 from quotastream.brokers.bridge import BridgeTopics, RemoteLogBridge, RemoteLogBridgeMetrics
+from quotastream.brokers.broker_metrics import (
+    BrokerCount,
+    BrokerMetricsSource,
+    ScrapeMetrics,
+)
 from quotastream.brokers.remote_log_metadata import RemoteLogMetadataSchemas
 from quotastream.brokers.throttles import FOLLOWER_REPLICAS, LEADER_REPLICAS
 from quotastream.outage import Outage
+from quotastream.published_events import batched_messages
 from state.config import QuotaConfig, load_quota_config
 from state.live_config import SetTopicThrottles, describe_change
 from streaming.commands.exit_codes import EXIT_OK
@@ -146,9 +155,50 @@ def build_actuator(settings: EngineSettings, registry: CollectorRegistry) -> Act
     )
 
 
+def build_broker_metrics(
+    settings: EngineSettings, registry: CollectorRegistry
+) -> BrokerMetricsSource:
+    """The metrics source the settings describe: scraping ``brokers.broker_metrics.endpoints``,
+    publishing to the engine's first events topic in batched messages."""
+    source = settings.brokers.broker_metrics
+    timeout_s = source.timeout_ms / 1000
+    producer: list[KafkaProducer] = []  # made at the first publish: Kafka may be down at start
+
+    def fetch(url: str) -> str:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return str(response.read().decode())
+
+    def publish(events: Sequence[BrokerCount]) -> None:
+        if not producer:
+            producer.append(
+                KafkaProducer(
+                    bootstrap_servers=settings.kafka.bootstrap_servers,
+                    acks="all",
+                    linger_ms=5,
+                    **settings.kafka.client_settings(),
+                )
+            )
+        sent = [
+            producer[0].send(settings.kafka.topics[0], message.value)
+            for message in batched_messages(events, settings.events.max_payload_bytes)
+        ]
+        producer[0].flush(timeout=30)
+        for future in sent:
+            future.get(timeout=0)  # raises what was not delivered: kept for the next pass
+
+    return BrokerMetricsSource(
+        source.endpoints,
+        fetch=fetch,
+        publish=publish,
+        metrics=ScrapeMetrics(registry),
+        max_backlog=source.max_backlog,
+        clock_ms=lambda: int(time.time() * 1000),
+    )
+
+
 def run_brokers(settings: EngineSettings) -> int:
-    """The agent as the process's whole job, until SIGTERM or SIGINT: the remote log bridge
-    and the actuator, each that is enabled, in a thread of its own."""
+    """The agent as the process's whole job, until SIGTERM or SIGINT: the remote log bridge,
+    the actuator and the metrics source, each that is enabled, in a thread of its own."""
     brokers = settings.brokers
     registry = CollectorRegistry()
     stopped = threading.Event()
@@ -169,6 +219,20 @@ def run_brokers(settings: EngineSettings) -> int:
                 target=actuator.run,
                 args=(stopped, brokers.actuator.interval_ms / 1000, outage),
                 name="actuator",
+            )
+        )
+    if brokers.broker_metrics.enabled:
+        source = build_broker_metrics(settings, registry)
+        published = Outage(
+            f"the events topic on Kafka at {settings.kafka.bootstrap_servers}",
+            math.inf,
+            meanwhile="keeping the counts for the next pass",
+        )
+        workers.append(
+            threading.Thread(
+                target=source.run,
+                args=(stopped, brokers.broker_metrics.interval_ms / 1000, published),
+                name="broker-metrics",
             )
         )
     endpoint = brokers.metrics

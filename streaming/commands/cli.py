@@ -198,13 +198,15 @@ def _parser() -> argparse.ArgumentParser:
     proxy.add_argument("--engine-config", type=Path, required=True, help="engine settings YAML")
     brokers = commands.add_parser(
         "brokers",
-        help="publish the traffic inside a cluster's brokers as events (remote log lifecycle)",
+        help="next to a cluster: its brokers' own traffic as events, the engine's throttles set",
         description=(
-            "Reads brokers.cluster's __remote_log_metadata (tiered storage's segment lifecycle) "
-            "with the schemas of its Kafka release and publishes remote_segment events to the "
-            "first events topic; records it cannot follow go to the dead-letter topic. Its "
-            "position is its consumer group's committed offsets (docs/brokers.md). SIGTERM stops "
-            "it within a poll."
+            "Runs, each when enabled in the brokers: section (docs/brokers.md): the remote log "
+            "bridge (brokers.cluster's __remote_log_metadata, decoded with the schemas of its "
+            "Kafka release, published as remote_segment and remote_copy events; records it "
+            "cannot follow go to the dead-letter topic), the metrics source (the brokers' JMX "
+            "exporters' counters as remote_fetch and replication counts) and the actuator "
+            "(the engine's replication and remote-copy throttles set on the brokers' own "
+            "configs). SIGTERM stops them within a poll."
         ),
         **examples("quotastream brokers --engine-config conf/engine.yaml"),
     )
@@ -250,11 +252,16 @@ def _brokers(args: argparse.Namespace) -> int:
         settings = load_engine_settings(args.engine_config)
     except ConfigError as exc:
         return _fail(EXIT_USAGE, str(exc))
-    if not (settings.brokers.remote_log_metadata.enabled or settings.brokers.actuator.enabled):
+    brokers = settings.brokers
+    if not (
+        brokers.remote_log_metadata.enabled
+        or brokers.actuator.enabled
+        or brokers.broker_metrics.enabled
+    ):
         return _fail(
             EXIT_USAGE,
-            "nothing to run: neither brokers.remote_log_metadata nor brokers.actuator is enabled "
-            "(docs/brokers.md)",
+            "nothing to run: none of brokers.remote_log_metadata, brokers.actuator and "
+            "brokers.broker_metrics is enabled (docs/brokers.md)",
         )
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     return run_brokers(settings)
