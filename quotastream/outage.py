@@ -17,6 +17,7 @@ The clocks are injectable; nothing here sleeps or retries by itself: callers pac
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -129,6 +130,27 @@ class Outage:
     def _changed(self) -> None:
         if self._on_change is not None:
             self._on_change(self.status())
+
+
+def run_passes(
+    one_pass: Callable[[], object],
+    *,
+    every_s: float,
+    stopped: threading.Event,
+    outage: Outage,
+    errors: tuple[type[BaseException], ...],
+) -> None:
+    """``one_pass()`` every ``every_s`` until ``stopped``: an agent's loop. A pass that fails
+    with one of ``errors`` counts toward ``outage`` (logged as it begins and ends) and the next
+    pass tries again; any other error ends the loop."""
+    while not stopped.is_set():
+        try:
+            one_pass()
+        except errors as error:
+            outage.failed(error)
+        else:
+            outage.recovered()
+        stopped.wait(every_s)
 
 
 def first_line(error: BaseException) -> str:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quotastream.outage import Outage, OutageError, OutageStatus
+from quotastream.outage import Outage, OutageError, OutageStatus, run_passes
 
 
 class FakeClock:
@@ -140,3 +141,23 @@ def test_counts_and_messages_follow_the_transitions(history: list[tuple[bool, fl
         assert (outage.status().since_ms is None) == (not down)
     finally:
         logger.removeHandler(handler)
+
+
+def test_an_agents_passes_ride_out_their_errors_and_stop_at_others() -> None:
+    """run_passes: a failing pass counts toward the outage and the next one runs; an error
+    the agent does not expect ends the loop."""
+    clock = FakeClock()
+    outage, _ = outage_with(clock, max_outage_s=60)
+    stopped = threading.Event()
+    outcomes = iter([OSError("refused"), OSError("refused"), None, None, KeyError("a bug")])
+
+    def one_pass() -> None:
+        outcome = next(outcomes)
+        if outcome is not None:
+            raise outcome
+
+    with pytest.raises(KeyError, match="a bug"):
+        run_passes(one_pass, every_s=0, stopped=stopped, outage=outage, errors=(OSError,))
+    assert (outage.outages, outage.failures, outage.down) == (1, 2, False)
+    stopped.set()
+    run_passes(one_pass, every_s=0, stopped=stopped, outage=outage, errors=(OSError,))  # at once

@@ -39,7 +39,7 @@ from quotastream.brokers.throttles import (
     desired_throttles,
     throttle_changes,
 )
-from quotastream.outage import Outage
+from quotastream.outage import Outage, run_passes
 from state.config import QuotaConfig
 
 log = logging.getLogger(__name__)
@@ -148,17 +148,15 @@ class Actuator:
 
     def run(self, stopped: threading.Event, interval_s: float, outage: Outage) -> None:
         """A pass every ``interval_s`` until ``stopped``; a failed pass is logged (once per
-        outage) and the next one tries again."""
-        while not stopped.is_set():
-            try:
-                self.reconcile()
-            # RuntimeError: a refused change, the configuration log unreachable or misshapen.
-            except (KafkaError, OSError, redis.RedisError, RuntimeError) as error:
-                outage.failed(error)
-            else:
-                outage.recovered()
-            stopped.wait(interval_s)
-        self._close()
+        outage) and the next one tries again. RuntimeError: a refused change, the
+        configuration log unreachable or misshapen."""
+        errors = (KafkaError, OSError, redis.RedisError, RuntimeError)
+        try:
+            run_passes(
+                self.reconcile, every_s=interval_s, stopped=stopped, outage=outage, errors=errors
+            )
+        finally:
+            self._close()
 
     def reconcile(self) -> list[Change]:
         """One pass: the changes made (or, dry, that would be)."""

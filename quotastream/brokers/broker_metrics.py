@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
 from quotastream.brokers.counters import CounterDeltas, Scrape
-from quotastream.outage import Outage
+from quotastream.outage import Outage, run_passes
 from quotastream.published_events import CountedEvent
 
 log = logging.getLogger(__name__)
@@ -190,23 +190,25 @@ class BrokerMetricsSource:
             log.error("dropping %d counts: the events topic is unreachable for too long", overflow)
             self._metrics.dropped.inc(overflow)
             del self._backlog[:overflow]
+        self._metrics.backlog.set(len(self._backlog))
         if self._backlog:
             self._publish(self._backlog)
             for event in self._backlog:
                 self._metrics.published.labels(event.kind).inc()
             self._backlog = []
-        self._metrics.backlog.set(len(self._backlog))
+            self._metrics.backlog.set(0)
 
     def run(self, stopped: threading.Event, interval_s: float, outage: Outage) -> None:
         """A pass every ``interval_s`` until ``stopped``; a failed publish is logged once per
         outage and retried with the next pass's counts."""
-        while not stopped.is_set():
-            events = self.poll()
-            try:
-                self.publish(events)
-            except (KafkaError, OSError) as error:
-                self._metrics.backlog.set(len(self._backlog))
-                outage.failed(error)
-            else:
-                outage.recovered()
-            stopped.wait(interval_s)
+
+        def one_pass() -> None:
+            self.publish(self.poll())
+
+        run_passes(
+            one_pass,
+            every_s=interval_s,
+            stopped=stopped,
+            outage=outage,
+            errors=(KafkaError, OSError),
+        )

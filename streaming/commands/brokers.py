@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -40,6 +40,9 @@ from streaming.engine.config_log import ConfigLog
 from streaming.engine.settings import EngineSettings
 
 log = logging.getLogger(__name__)
+
+#: A worker's loop: passes every interval until the event is set, riding out an outage.
+Periodic = Callable[[threading.Event, float, Outage], None]
 
 #: Who the live configuration's log says removed a finished reassignment's throttle.
 ACTUATOR_AUTHOR = "quotastream-actuator"
@@ -207,33 +210,28 @@ def run_brokers(settings: EngineSettings) -> int:
     if brokers.remote_log_metadata.enabled:
         bridge = build_remote_log_bridge(settings, registry)
         workers.append(threading.Thread(target=bridge.run, name="remote-log-bridge"))
-    if brokers.actuator.enabled:
-        actuator = build_actuator(settings, registry)
-        outage = Outage(
-            f"Kafka at {brokers.cluster.bootstrap_servers} or Redis",
-            math.inf,
-            meanwhile="trying again every pass",
-        )
+
+    def every(name: str, run: Periodic, interval_ms: int, server: str, meanwhile: str) -> None:
+        outage = Outage(server, math.inf, meanwhile=meanwhile)
         workers.append(
-            threading.Thread(
-                target=actuator.run,
-                args=(stopped, brokers.actuator.interval_ms / 1000, outage),
-                name="actuator",
-            )
+            threading.Thread(target=run, args=(stopped, interval_ms / 1000, outage), name=name)
+        )
+
+    if brokers.actuator.enabled:
+        every(
+            "actuator",
+            build_actuator(settings, registry).run,
+            brokers.actuator.interval_ms,
+            f"Kafka at {brokers.cluster.bootstrap_servers} or Redis",
+            "trying again every pass",
         )
     if brokers.broker_metrics.enabled:
-        source = build_broker_metrics(settings, registry)
-        published = Outage(
+        every(
+            "broker-metrics",
+            build_broker_metrics(settings, registry).run,
+            brokers.broker_metrics.interval_ms,
             f"the events topic on Kafka at {settings.kafka.bootstrap_servers}",
-            math.inf,
-            meanwhile="keeping the counts for the next pass",
-        )
-        workers.append(
-            threading.Thread(
-                target=source.run,
-                args=(stopped, brokers.broker_metrics.interval_ms / 1000, published),
-                name="broker-metrics",
-            )
+            "keeping the counts for the next pass",
         )
     endpoint = brokers.metrics
     if endpoint.enabled:
