@@ -34,7 +34,7 @@ from quotastream.brokers.throttles import FOLLOWER_REPLICAS, LEADER_REPLICAS
 from quotastream.outage import Outage
 from quotastream.published_events import batched_messages
 from state.config import QuotaConfig, load_quota_config
-from state.live_config import SetTopicThrottles, describe_change
+from state.live_config import LiveConfigs, SetTopicThrottles, describe_change
 from streaming.commands.exit_codes import EXIT_OK
 from streaming.engine.config_log import ConfigLog
 from streaming.engine.settings import EngineSettings
@@ -109,7 +109,14 @@ def build_actuator(settings: EngineSettings, registry: CollectorRegistry) -> Act
     )
 
     def read_config() -> QuotaConfig:
-        return base if config_log is None else config_log.current(base).config
+        return base
+
+    if config_log is not None:
+        # The newest version, moved forward by the records added since the last pass.
+        versions, follow = LiveConfigs(base, config_log.read), config_log
+
+        def read_config() -> QuotaConfig:
+            return versions.at(follow.end()).config
 
     def finish(topic: str) -> None:
         throttles = read_config().topics.get(topic)
