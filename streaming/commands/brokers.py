@@ -48,6 +48,16 @@ Periodic = Callable[[threading.Event, float, Outage], None]
 ACTUATOR_AUTHOR = "quotastream-actuator"
 
 
+def events_producer(settings: EngineSettings) -> KafkaProducer:
+    """A producer to the engine's events topic that waits for every in-sync replica."""
+    return KafkaProducer(
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        acks="all",
+        linger_ms=5,
+        **settings.kafka.client_settings(),
+    )
+
+
 def build_remote_log_bridge(
     settings: EngineSettings, registry: CollectorRegistry
 ) -> RemoteLogBridge:
@@ -70,14 +80,6 @@ def build_remote_log_bridge(
             **cluster.client_settings(),
         )
 
-    def new_producer() -> Any:
-        return KafkaProducer(
-            bootstrap_servers=settings.kafka.bootstrap_servers,
-            acks="all",
-            linger_ms=5,
-            **settings.kafka.client_settings(),
-        )
-
     return RemoteLogBridge(
         schemas,
         BridgeTopics(
@@ -86,7 +88,7 @@ def build_remote_log_bridge(
             dead_letter=settings.kafka.dead_letter_topic,
         ),
         new_consumer=new_consumer,
-        new_producer=new_producer,
+        new_producer=lambda: events_producer(settings),
         metrics=RemoteLogBridgeMetrics(registry),
         poll_ms=source.poll_ms,
         retry_ms=brokers.retry_ms,
@@ -172,27 +174,21 @@ def build_broker_metrics(
     publishing to the engine's first events topic in batched messages."""
     source = settings.brokers.broker_metrics
     timeout_s = source.timeout_ms / 1000
-    producer: list[KafkaProducer] = []  # made at the first publish: Kafka may be down at start
+    producer: KafkaProducer | None = None  # made at the first publish: Kafka may be down
 
     def fetch(url: str) -> str:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             return str(response.read().decode())
 
     def publish(events: Sequence[BrokerCount]) -> None:
-        if not producer:
-            producer.append(
-                KafkaProducer(
-                    bootstrap_servers=settings.kafka.bootstrap_servers,
-                    acks="all",
-                    linger_ms=5,
-                    **settings.kafka.client_settings(),
-                )
-            )
+        nonlocal producer
+        if producer is None:
+            producer = events_producer(settings)
         sent = [
-            producer[0].send(settings.kafka.topics[0], message.value)
+            producer.send(settings.kafka.topics[0], message.value)
             for message in batched_messages(events, settings.events.max_payload_bytes)
         ]
-        producer[0].flush(timeout=30)
+        producer.flush(timeout=30)
         for future in sent:
             future.get(timeout=0)  # raises what was not delivered: kept for the next pass
 
