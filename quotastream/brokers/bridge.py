@@ -153,16 +153,18 @@ class RemoteLogBridge:
     def run(self) -> None:
         """Passes over the topic until :meth:`stop`; a failed pass is retried from the
         beginning after a backoff (doubling, up to ``max_retry_ms``)."""
-        wait_ms = self._retry_ms
+        failed_in_a_row = 0
         while not self._stopped.is_set():
             try:
                 self._pass()
             except (KafkaError, OSError) as error:
+                # A pass that reached Kafka before it failed starts the backoff over.
+                failed_in_a_row = 1 if not self._outage.down else failed_in_a_row + 1
                 self._outage.failed(error)
                 self._metrics.restarts.inc()
                 self.caught_up.clear()
+                wait_ms = min(self._retry_ms * 2 ** (failed_in_a_row - 1), self._max_retry_ms)
                 self._stopped.wait(wait_ms / 1000)
-                wait_ms = min(wait_ms * 2, self._max_retry_ms)
             else:
                 return
 
