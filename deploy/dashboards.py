@@ -849,8 +849,9 @@ def brokers() -> dashboard.Dashboard:
             "quotastream-brokers",
             "quotastream / Brokers agent",
             "quotastream brokers (docs/brokers.md): __remote_log_metadata published as events "
-            "(the remote log bridge), the brokers' counters published as counts (the metrics "
-            "source), and the engine's throttles set on the brokers (the actuator).",
+            "(the remote log bridge) with each tiered partition's lineage, the brokers' "
+            "counters published as counts (the metrics source), and the engine's throttles set "
+            "on the brokers (the actuator).",
         )
         .with_panel(
             _stat(
@@ -888,13 +889,21 @@ def brokers() -> dashboard.Dashboard:
             _series(
                 "Events published",
                 "Events the bridge published: each upload's remote_copy, and the segments' "
-                "copy_finished and delete_finished; copies too old for the engine, counted.",
+                "copy_finished and delete_finished; copies too old for the engine, counted. "
+                "Partition lineages (leader_epochs) published, and walks a leader refused "
+                "mid-way (it moved; walked again next interval).",
                 "none",
                 [
                     _per_second(
                         "quotastream_remote_log_events_published_total", "event", "{{event}}/s"
                     ),
                     _per_second("quotastream_remote_log_copies_too_old_total", "job", "too old/s"),
+                    _per_second(
+                        "quotastream_leader_epochs_reports_published_total", "job", "lineages/s"
+                    ),
+                    _per_second(
+                        "quotastream_leader_epochs_walks_refused_total", "job", "walks refused/s"
+                    ),
                 ],
             )
         )

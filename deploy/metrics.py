@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from quotastream.brokers.actuator import ActuatorMetrics
 from quotastream.brokers.bridge import RemoteLogBridgeMetrics
 from quotastream.brokers.broker_metrics import ScrapeMetrics
+from quotastream.brokers.lineage import LineageMetrics
 from quotastream.cache import CachedQuotaClient
 from quotastream.client import QuotaClient
 from quotastream.proxy.metrics import ProxyMetrics
@@ -50,10 +51,11 @@ def proxy_metric_names() -> frozenset[str]:
 
 
 def brokers_metric_names() -> frozenset[str]:
-    """The names ``quotastream brokers`` registers: its remote log bridge's, actuator's and
-    metrics source's."""
+    """The names ``quotastream brokers`` registers: its remote log bridge's, lineage source's,
+    actuator's and metrics source's."""
     registry = CollectorRegistry()
     RemoteLogBridgeMetrics(registry)
+    LineageMetrics(registry)
     ActuatorMetrics(registry)
     ScrapeMetrics(registry)
     return _exposed(registry)

@@ -66,6 +66,7 @@ LAYERS: Final[Mapping[str, str]] = {
     "test_remote_segments.py": "agent",
     "test_throttles.py": "agent",
     "test_counters.py": "agent",
+    "test_lineage.py": "agent",
     "test_broker_metrics.py": "agent",
     "test_redis_contract.py": "agent",
     "test_admin_cli.py": "admin",

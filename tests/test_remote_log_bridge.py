@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import signal
 import threading
 import time
@@ -19,7 +20,14 @@ import pytest
 import redis
 import yaml
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.admin import (
+    AlterConfigOp,
+    ConfigResource,
+    ConfigResourceType,
+    KafkaAdminClient,
+    NewTopic,
+)
+from kafka.protocol.consumer.offsets import OffsetSpec
 from prometheus_client import CollectorRegistry
 from pyspark.sql import SparkSession
 
@@ -31,8 +39,11 @@ from quotastream.brokers.remote_log_metadata import (
     UndecodableRecordError,
 )
 from quotastream.brokers.segments import RefusedRecordError, SegmentLifecycle
+from quotastream.client import QuotaClient
+from quotastream.outage import Outage
 from state.config import load_quota_config
-from streaming.commands.brokers import build_remote_log_bridge
+from state.remote_log_view import RemoteLog
+from streaming.commands.brokers import build_lineage_source, build_remote_log_bridge
 from streaming.engine.job import start_query
 from streaming.engine.settings import EngineSettings
 from streaming.kafka_broker import KafkaCluster, kafka_libs, kafka_version
@@ -73,6 +84,8 @@ def settings_for(
             "group_id": name,
             "poll_ms": 200,
         },
+        # The bridge's events alone: a test that wants lineages runs the source itself.
+        "leader_epochs": {"enabled": False},
         "metrics": {"enabled": False},
     }
     settings = EngineSettings.model_validate({**engine.model_dump(), "brokers": brokers})
@@ -373,3 +386,145 @@ def publish_values(address: str, topic: str, values: list[bytes], create: bool =
         producer.send(topic, value)
     producer.flush()
     producer.close()
+
+
+@dataclass(frozen=True)
+class Settled:
+    """A tiered partition at rest: every rolled segment uploaded, and the engine's view of its
+    remote log (segments and lineage) the leader's."""
+
+    remote_log: RemoteLog
+    #: Kafka's ``onlyLocalLogSegmentsSize``: the leader's local segments from the highest
+    #: offset in remote storage on (the active one, once every rolled one is uploaded).
+    local_only_bytes: int
+
+
+def settled(cluster: KafkaCluster, settings: EngineSettings, topic: str) -> Settled | None:
+    partition = TopicPartition(topic, 0)
+    admin = KafkaAdminClient(bootstrap_servers=cluster.address)
+    try:
+        [described] = admin.describe_topics([topic])
+        leader = described["partitions"][0]
+        tiered = admin.list_partition_offsets({partition: OffsetSpec.LATEST_TIERED})[partition]
+        end = admin.list_partition_offsets({partition: OffsetSpec.LATEST})[partition]
+    finally:
+        admin.close()
+    node = next(node for node in cluster.nodes if node.node_id == leader["leader_id"])
+    local = {
+        int(path.stem): path.stat().st_size for path in (node.log_dir / f"{topic}-0").glob("*.log")
+    }
+    remote_log = QuotaClient(
+        redis.Redis(host=settings.redis.host, port=settings.redis.port), settings.redis.key_prefix
+    ).remote_log(topic, 0)
+    view = remote_log.retention
+    broker_size = broker_remote_log_size(cluster, topic)
+    at_rest = (
+        tiered.offset == max(local) - 1
+        and view is not None
+        and view.lineage is not None
+        and view.lineage[-1][0] == leader["leader_epoch"]
+        and view.log_end_offset == end.offset
+        and broker_size == remote_log.total
+    )
+    if not at_rest:
+        return None
+    only_local = sum(size for base, size in local.items() if base >= tiered.offset)
+    return Settled(remote_log, only_local)
+
+
+def produce_segments(address: str, topic: str, segments: float) -> None:
+    """``segments`` times ``SEGMENT_BYTES`` of 10 kB records."""
+    producer = KafkaProducer(bootstrap_servers=address, acks="all", linger_ms=5)
+    for _ in range(int(segments * SEGMENT_BYTES / 10_000)):
+        producer.send(topic, b"x" * 10_000)
+    producer.close()
+
+
+#: Kafka's smallest ``segment.bytes``: a walked topic's segments roll by size alone.
+SEGMENT_BYTES = 1_048_576
+
+
+def test_the_engines_retention_walk_deletes_what_the_brokers_cleaner_deletes(
+    spark: SparkSession,
+    tiered_cluster: KafkaCluster,
+    redis_server: LocalService,
+    tmp_path: Path,
+    run_bridge: Any,
+) -> None:
+    """A tiered topic without retention gets segments under two leaders, its first leader
+    restarted mid-segment: the new leader's first upload spans both epochs. At rest, the
+    engine's view, fed only by the bridge and the lineage source, is asked which segments
+    ``retention.bytes`` = R deletes, R chosen to delete the walk's first two and not the whole
+    third (which stops the walk). Then the topic gets R: the segments the broker's cleaner
+    deletes, as ``__remote_log_metadata`` has them, are those, in that order; and once the
+    engine's view agrees with the broker again, it deletes no more."""
+    address = tiered_cluster.address
+    settings = settings_for(tiered_cluster, redis_server, tmp_path)
+    topic = f"walked-{uuid.uuid4().hex[:6]}"
+    admin = KafkaAdminClient(bootstrap_servers=address)
+    configs = {"remote.storage.enable": "true", "segment.bytes": str(SEGMENT_BYTES)}
+    admin.create_topics([NewTopic(topic, 1, 3, topic_configs={**configs, "retention.ms": "-1"})])
+    admin.close()
+    run_bridge(settings)
+    stopped = threading.Event()
+    lineage = threading.Thread(
+        target=build_lineage_source(settings, CollectorRegistry()).run,
+        args=(stopped, 0.5, Outage("Kafka", math.inf)),
+        daemon=True,
+    )
+    lineage.start()
+    query = start_query(spark, settings, load_quota_config(QUOTAS))
+    try:
+        produce_segments(address, topic, 2.5)
+        first = leader_of(address, topic)
+        nodes = tiered_cluster.nodes
+        index = next(i for i, node in enumerate(nodes) if node.node_id == first)
+        nodes[index] = nodes[index].restart()
+        wait_until_in_sync(address, [topic])
+        produce_segments(address, topic, 2.5)
+        assert leader_of(address, topic) != first
+        at_rest = until(lambda: settled(tiered_cluster, settings, topic), 120, "at rest")
+        remote_log = at_rest.remote_log
+        assert sum(remote_log.epochs.values()) > remote_log.total  # a segment spans epochs
+        walk = remote_log.retention_walk
+        assert len(walk) >= 4, walk
+        assert all(within for _, _, within in walk), walk
+        [(_, first_size, _), (_, second_size, _), (_, third_size, _)] = walk[:3]
+        retention_bytes = (
+            at_rest.local_only_bytes
+            + at_rest.remote_log.retention_bytes
+            - (first_size + second_size + third_size // 2)
+        )
+        expected = at_rest.remote_log.retention_breach(retention_bytes, at_rest.local_only_bytes)
+        assert expected == [walk[0][0], walk[1][0]]
+
+        libs = kafka_libs()
+        jar = libs / f"kafka-storage-{kafka_version(libs)}.jar"
+        schemas = RemoteLogMetadataSchemas.from_jar(jar)
+        admin = KafkaAdminClient(bootstrap_servers=address)
+        retention = {"retention.bytes": (AlterConfigOp.SET, str(retention_bytes))}
+        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, retention)])
+        admin.close()
+
+        def deleted() -> list[str]:
+            return [
+                event["segment_id"]
+                for event in lifecycle_events(schemas, metadata_values(address))
+                if event["kind"] == "remote_segment"
+                and event["topic"] == topic
+                and event["state"] == "delete_finished"
+            ]
+
+        def deleted_and_settled() -> Settled | None:
+            """At rest again, with less in remote storage: the broker's gauge, measured as a
+            cleaner run begins, shows one after the run that deleted."""
+            now = settled(tiered_cluster, settings, topic)
+            return now if now is not None and now.remote_log.total < remote_log.total else None
+
+        after = until(deleted_and_settled, 60, "the broker's cleaner deletes segments")
+        assert deleted() == expected
+        assert after.remote_log.retention_breach(retention_bytes, after.local_only_bytes) == []
+    finally:
+        stopped.set()
+        query.stop()
+        lineage.join(30)

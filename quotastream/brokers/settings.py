@@ -46,6 +46,17 @@ class RemoteLogMetadataSettings(BaseModel):
         return self
 
 
+class LeaderEpochsSettings(BaseModel):
+    """Each tiered partition's leader-epoch lineage, walked from its leader: what size-based
+    retention counts by (``quotastream/brokers/lineage.py``). Runs with the remote log bridge."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    #: How often every lineage is walked (Kafka's remote retention runs every 30 s by default).
+    interval_ms: Millis = 30_000
+
+
 class ActuatorSettings(BaseModel):
     """Kafka's own replication and remote-copy throttles, set from the engine's configuration."""
 
@@ -89,6 +100,7 @@ class BrokersSettings(BaseModel):
     #: The cluster whose brokers' own traffic is read and throttled.
     cluster: UpstreamSettings = UpstreamSettings()
     remote_log_metadata: RemoteLogMetadataSettings = RemoteLogMetadataSettings(enabled=False)
+    leader_epochs: LeaderEpochsSettings = LeaderEpochsSettings()
     actuator: ActuatorSettings = ActuatorSettings()
     broker_metrics: BrokerMetricsSettings = BrokerMetricsSettings()
     #: After a failed read or publish, the wait before reading the topic again (doubling up

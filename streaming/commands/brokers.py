@@ -20,19 +20,17 @@ from typing import Any
 import redis
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient
+from kafka.net.compat import KafkaNetClient
 from prometheus_client import CollectorRegistry, start_http_server
 
 from quotastream.brokers.actuator import Actuator, ActuatorMetrics, Ownership
 from quotastream.brokers.bridge import BridgeTopics, RemoteLogBridge, RemoteLogBridgeMetrics
-from quotastream.brokers.broker_metrics import (
-    BrokerCount,
-    BrokerMetricsSource,
-    ScrapeMetrics,
-)
+from quotastream.brokers.broker_metrics import BrokerMetricsSource, ScrapeMetrics
+from quotastream.brokers.lineage import LineageMetrics, LineageSource
 from quotastream.brokers.remote_log_metadata import RemoteLogMetadataSchemas
 from quotastream.brokers.throttles import FOLLOWER_REPLICAS, LEADER_REPLICAS
 from quotastream.outage import Outage
-from quotastream.published_events import batched_messages
+from quotastream.published_events import CountedEvent, batched_messages
 from state.config import QuotaConfig, load_quota_config
 from state.live_config import LiveConfigs, SetTopicThrottles, describe_change
 from streaming.commands.exit_codes import EXIT_OK
@@ -167,20 +165,13 @@ def build_actuator(settings: EngineSettings, registry: CollectorRegistry) -> Act
     )
 
 
-def build_broker_metrics(
-    settings: EngineSettings, registry: CollectorRegistry
-) -> BrokerMetricsSource:
-    """The metrics source the settings describe: scraping ``brokers.broker_metrics.endpoints``,
-    publishing to the engine's first events topic in batched messages."""
-    source = settings.brokers.broker_metrics
-    timeout_s = source.timeout_ms / 1000
-    producer: KafkaProducer | None = None  # made at the first publish: Kafka may be down
+def events_publisher(settings: EngineSettings) -> Callable[[Sequence[CountedEvent]], None]:
+    """Publishes events to the engine's first events topic in batched messages, returning once
+    the brokers have them all (raising what was not delivered). Its producer is made at the
+    first publish: Kafka may be down when the agent starts."""
+    producer: KafkaProducer | None = None
 
-    def fetch(url: str) -> str:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            return str(response.read().decode())
-
-    def publish(events: Sequence[BrokerCount]) -> None:
+    def publish(events: Sequence[CountedEvent]) -> None:
         nonlocal producer
         if producer is None:
             producer = events_producer(settings)
@@ -190,14 +181,43 @@ def build_broker_metrics(
         ]
         producer.flush(timeout=30)
         for future in sent:
-            future.get(timeout=0)  # raises what was not delivered: kept for the next pass
+            future.get(timeout=0)
+
+    return publish
+
+
+def build_broker_metrics(
+    settings: EngineSettings, registry: CollectorRegistry
+) -> BrokerMetricsSource:
+    """The metrics source the settings describe: scraping ``brokers.broker_metrics.endpoints``,
+    publishing to the engine's first events topic."""
+    source = settings.brokers.broker_metrics
+    timeout_s = source.timeout_ms / 1000
+
+    def fetch(url: str) -> str:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return str(response.read().decode())
 
     return BrokerMetricsSource(
         source.endpoints,
         fetch=fetch,
-        publish=publish,
+        publish=events_publisher(settings),
         metrics=ScrapeMetrics(registry),
         max_backlog=source.max_backlog,
+        clock_ms=lambda: int(time.time() * 1000),
+    )
+
+
+def build_lineage_source(settings: EngineSettings, registry: CollectorRegistry) -> LineageSource:
+    """The lineage source on ``brokers.cluster``, publishing to the engine's first events
+    topic."""
+    cluster = settings.brokers.cluster
+    client_settings = {"bootstrap_servers": cluster.bootstrap_servers, **cluster.client_settings()}
+    return LineageSource(
+        KafkaAdminClient(**client_settings),
+        KafkaNetClient(**client_settings),
+        publish=events_publisher(settings),
+        metrics=LineageMetrics(registry),
         clock_ms=lambda: int(time.time() * 1000),
     )
 
@@ -220,6 +240,14 @@ def run_brokers(settings: EngineSettings) -> int:
             threading.Thread(target=run, args=(stopped, interval_ms / 1000, outage), name=name)
         )
 
+    if brokers.remote_log_metadata.enabled and brokers.leader_epochs.enabled:
+        every(
+            "leader-epochs",
+            build_lineage_source(settings, registry).run,
+            brokers.leader_epochs.interval_ms,
+            f"Kafka at {brokers.cluster.bootstrap_servers}",
+            "walking every lineage again next interval",
+        )
     if brokers.actuator.enabled:
         every(
             "actuator",
