@@ -28,13 +28,12 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
-from kafka.errors import KafkaError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
 from quotastream.brokers.counters import CounterDeltas, Scrape
-from quotastream.outage import Outage, run_passes
-from quotastream.published_events import CountedEvent
+from quotastream.outage import Outage
+from quotastream.published_events import CountedEvent, publish_every
 
 log = logging.getLogger(__name__)
 
@@ -199,16 +198,6 @@ class BrokerMetricsSource:
             self._metrics.backlog.set(0)
 
     def run(self, stopped: threading.Event, interval_s: float, outage: Outage) -> None:
-        """A pass every ``interval_s`` until ``stopped``; a failed publish is logged once per
-        outage and retried with the next pass's counts."""
-
-        def one_pass() -> None:
-            self.publish(self.poll())
-
-        run_passes(
-            one_pass,
-            every_s=interval_s,
-            stopped=stopped,
-            outage=outage,
-            errors=(KafkaError, OSError),
-        )
+        """A pass every ``interval_s`` until ``stopped`` (:func:`publish_every`): counts that
+        could not be published wait for the next pass's."""
+        publish_every(self, stopped, interval_s, outage)

@@ -26,14 +26,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Final, NamedTuple
 
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
-from kafka.errors import KafkaError
 from kafka.net.compat import KafkaNetClient
 from kafka.protocol.consumer.offsets import OffsetForLeaderEpochRequest, OffsetSpec
 from kafka.structs import TopicPartition
 from prometheus_client import CollectorRegistry, Counter
 
-from quotastream.outage import Outage, run_passes
-from quotastream.published_events import CountedEvent
+from quotastream.outage import Outage
+from quotastream.published_events import CountedEvent, publish_every
 from state.leader_epochs import Epochs
 
 log = logging.getLogger(__name__)
@@ -237,16 +236,5 @@ class LineageSource:
             self._metrics.published.inc(len(reports))
 
     def run(self, stopped: threading.Event, interval_s: float, outage: Outage) -> None:
-        """A pass every ``interval_s`` until ``stopped``; a failed pass is logged once per
-        outage and done again at the next interval."""
-
-        def one_pass() -> None:
-            self.publish(self.poll())
-
-        run_passes(
-            one_pass,
-            every_s=interval_s,
-            stopped=stopped,
-            outage=outage,
-            errors=(KafkaError, OSError),
-        )
+        """A pass every ``interval_s`` until ``stopped`` (:func:`publish_every`)."""
+        publish_every(self, stopped, interval_s, outage)
