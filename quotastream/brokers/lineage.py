@@ -20,7 +20,6 @@ A pass asks each leader once per epoch of its longest lineage, all its partition
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, NamedTuple
@@ -34,8 +33,6 @@ from prometheus_client import CollectorRegistry, Counter
 from quotastream.outage import Outage
 from quotastream.published_events import CountedEvent, publish_every
 from state.leader_epochs import Epochs
-
-log = logging.getLogger(__name__)
 
 REMOTE_STORAGE: Final = "remote.storage.enable"
 _ASKED: Final = OffsetForLeaderEpochRequest.OffsetForLeaderTopic
@@ -115,7 +112,8 @@ class LineageMetrics:
         )
         self.refused = Counter(
             "quotastream_leader_epochs_walks_refused",
-            "Partition walks a leader refused mid-way (it moved): walked again the next pass",
+            "Partitions left out of a pass: the leader refused mid-walk (it moved) or holds no "
+            "epoch yet; walked again the next pass",
             registry=registry,
         )
 
