@@ -67,7 +67,3 @@ class CounterDeltas(Generic[Series]):
                     deltas[series] = counted
         self._brokers[broker] = _Broker(scrape.started_at, dict(scrape.values))
         return deltas
-
-    def forget(self, broker: int) -> None:
-        """A broker gone from the cluster."""
-        self._brokers.pop(broker, None)
