@@ -630,6 +630,21 @@ def engine_health() -> dashboard.Dashboard:
         )
         .with_panel(
             _series(
+                "Decisions written to Redis",
+                "Decisions per second, by whether Redis needed them: written (throttles, their "
+                "ends, near the limit, a changed limit, mode or version) or not (they read as "
+                "the key does; docs/redis.md).",
+                "reqps",
+                [
+                    (
+                        "sum by (written) (rate(quotastream_decisions_total[$__rate_interval]))",
+                        "written={{written}}",
+                    )
+                ],
+            )
+        )
+        .with_panel(
+            _series(
                 "Source data loss",
                 "Kafka partitions whose log restarted below the offsets read (alert "
                 "QuotastreamSourceDataLoss).",

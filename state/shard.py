@@ -23,7 +23,7 @@ events one by one.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,7 @@ from state.remote_log_view import RemoteLog, RetentionView
 from state.throttle_timers import ThrottleTimers
 from state.timer_stats import TimerStats
 from state.timing_wheel import KAFKA_TICK_MS, KAFKA_WHEEL_SIZE
+from state.written_decisions import WritePolicy, WrittenDecisions
 
 #: What :meth:`Shard.step` takes as usage: sums per (quota, entity, partition_key, sample).
 USAGE_COLUMNS = (
@@ -72,11 +73,13 @@ DECISION_FIELDS = (
 
 @dataclass(frozen=True)
 class ShardState:
-    """One shard's state value: rolling tables, pending throttle timers, remote log sizes."""
+    """One shard's state value: rolling tables, pending throttle timers, remote log sizes, and
+    what Redis holds of its decisions."""
 
     tables: bytes
     timers: bytes
     remote_log: bytes
+    written: bytes
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class ShardSettings:
     config: QuotaConfig
     timer_tick_ms: int = KAFKA_TICK_MS
     timer_wheel_size: int = KAFKA_WHEEL_SIZE
+    write_policy: WritePolicy = field(default_factory=WritePolicy)
 
 
 @dataclass(frozen=True)
@@ -91,8 +95,9 @@ class ShardStep:
     """What one micro-batch did to a shard."""
 
     state: ShardState
-    #: Decisions to publish: the touched entities' latest, and the throttles that ended
-    #: (``released_at``, ``notice``), as :meth:`ThrottleTimers.step` reports them.
+    #: The touched entities' latest decisions, and the throttles that ended (``released_at``,
+    #: ``notice``), as :meth:`ThrottleTimers.step` reports them; ``write`` tells which Redis
+    #: needs, and ``expire_at`` until when it keeps them (:class:`WrittenDecisions`).
     decisions: pd.DataFrame
     timers: TimerStats
     #: Per partition whose remote log sizes changed: topic, partition, and ``remote_log`` (its
@@ -106,14 +111,21 @@ class Shard:
     """A shard's state: restored for one :meth:`step`, or kept across :meth:`decide` calls."""
 
     def __init__(
-        self, config: QuotaConfig, tables: bytes | None, timers: ThrottleTimers, remote_log: bytes
+        self,
+        settings: ShardSettings,
+        tables: bytes | None,
+        timers: ThrottleTimers,
+        remote_log: bytes,
+        written: WrittenDecisions,
     ) -> None:
-        self.config = config
+        self.config = settings.config
+        self.write_policy = settings.write_policy
         #: Kept encoded: a step decodes only the entities its usage touches.
         self._tables = tables
         self.timers = timers
         #: Kept encoded: decoded only by a batch that brings segment events (most bring none).
         self._remote_log = remote_log
+        self.written = written
 
     @classmethod
     def new(cls, config: QuotaConfig) -> Shard:
@@ -125,9 +137,13 @@ class Shard:
         """The shard ``state`` holds, or a new one (its timing wheel starting at ``now_ms``)."""
         if state is None:
             timers = ThrottleTimers.empty(settings.timer_tick_ms, settings.timer_wheel_size, now_ms)
-            return cls(settings.config, None, timers, RemoteLogSizes().encode())
+            return cls(settings, None, timers, RemoteLogSizes().encode(), WrittenDecisions())
         return cls(
-            settings.config, state.tables, ThrottleTimers.decode(state.timers), state.remote_log
+            settings,
+            state.tables,
+            ThrottleTimers.decode(state.timers),
+            state.remote_log,
+            WrittenDecisions.decode(state.written),
         )
 
     def step(
@@ -150,12 +166,15 @@ class Shard:
         decisions = latest_decisions(core, usage)
         decisions["enforced"] = decisions["mode"] == Mode.ENFORCED.value
         keys = pd.Index((decisions["quota"] + ":" + decisions["entity"]).to_numpy(dtype=object))
-        changed = self.timers.step(now_ms, decisions.set_index(keys)).reset_index(drop=True)
+        changed = self.timers.step(now_ms, decisions.set_index(keys))
+        changed = self.written.step(now_ms, changed, self.write_policy).reset_index(drop=True)
         if eviction_horizon_ms is not None:
             core.evict_idle(eviction_horizon_ms)
         self._tables = core.encode_state()
         return ShardStep(
-            state=ShardState(self._tables, self.timers.encode(), self._remote_log),
+            state=ShardState(
+                self._tables, self.timers.encode(), self._remote_log, self.written.encode()
+            ),
             decisions=changed,
             timers=self.timers.stats(),
             remote_logs=remote_logs,

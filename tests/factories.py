@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -159,9 +160,13 @@ def malformed_payloads(seed: int, count: int) -> list[bytes]:
     return out[:count]
 
 
-def decision_row(entity: str, ts: int, throttle_ms: int = 0, **fields: Any) -> dict[str, Any]:
+def decision_row(
+    entity: str, ts: int, throttle_ms: int = 0, keep_ms: int = 30_000, **fields: Any
+) -> dict[str, Any]:
     """A decision row as the stateful stage emits it (``DECISION_SCHEMA``; other columns null):
-    a produce decision of 150 B/s against 100 B/s unless ``fields`` say otherwise."""
+    a produce decision of 150 B/s against 100 B/s, to be written, and kept until its throttle
+    ends and at least ``keep_ms`` from now (a batch running now) unless ``fields`` say
+    otherwise."""
     from streaming.engine.stages import DECISION, DECISION_SCHEMA  # noqa: PLC0415 - events need no Spark
 
     return dict.fromkeys(DECISION_SCHEMA.names) | {
@@ -177,5 +182,7 @@ def decision_row(entity: str, ts: int, throttle_ms: int = 0, **fields: Any) -> d
         "window_ms": 10_000,
         "config_version": 0,
         "mode": "enforced",
+        "write": True,
+        "expire_at": max(ts + throttle_ms, int(time.time() * 1000) + keep_ms),
         **fields,
     }

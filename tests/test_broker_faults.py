@@ -130,9 +130,10 @@ def test_offsets_lost_with_the_broker_are_counted_and_the_new_log_read_when_tole
         query = start_query(spark, settings, CONFIG, metrics=metrics)
         wait_until_read(query, topic, 300)
         broker = restarted_empty(broker)
-        # Back with a short log: read from its beginning, so the newcomer is decided.
+        # Back with a short log: read from its beginning, so the newcomer is decided (over its
+        # quota, so that its decision is written: docs/redis.md).
         ts = int(time.time() * 1000)
-        late = json.dumps(produce("late", "c", 100, ts)).encode()
+        late = json.dumps(produce("late", "c", 10_000, ts)).encode()
         publish(broker, topic, [late] * 6)
         agent = QuotaClient.connect(redis_server.host, redis_server.port, topic, CONFIG)
         entity = agent.entity_of_client("produce", user="late", client_id="c", broker=1)

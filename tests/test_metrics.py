@@ -23,7 +23,6 @@ from streaming.engine.exported_entities import ExportedEntities
 from streaming.engine.exporter import EngineMetrics, KafkaEnds
 from streaming.engine.metric_names import METRICS
 from streaming.engine.settings import EngineSettings, load_engine_settings
-from streaming.engine.sinks import decision_values
 from streaming.engine.stages import (
     DECISION,
     DECISION_SCHEMA,
@@ -188,7 +187,7 @@ def writer_summary(
     summary = BatchSummary(request, written_at)
     is_decision = pc.equal(written.column("row_type"), DECISION)
     decisions = written.filter(is_decision)
-    summary.decisions_of(decisions, decision_values(decisions))
+    summary.decisions_of(decisions, pc.sum(decisions.column("write")).as_py() or 0)
     for row in written.filter(pc.invert(is_decision)).to_pylist():
         summary.add_other(row)
     rows: list[dict[str, Any]] = summary.batch().to_pylist()
@@ -197,8 +196,12 @@ def writer_summary(
 
 def test_a_writer_summary_keeps_top_k_throttled_and_tracked_rows_only() -> None:
     request = SummaryRequest(top_k=3, tracked=frozenset({"produce\x00user=tracked"}))
-    rows = [decision_row(f"user=u{i}", NOW, rate=float(i), config_version=3) for i in range(1000)]
-    rows.append(decision_row("user=tracked", NOW - 10, rate=0.5, config_version=3))
+    # The metrics see every decision, written to Redis or not (docs/redis.md).
+    rows = [
+        decision_row(f"user=u{i}", NOW, rate=float(i), config_version=3, write=i >= 900)
+        for i in range(1000)
+    ]
+    rows.append(decision_row("user=tracked", NOW - 10, rate=0.5, config_version=3, write=False))
     rows.append(decision_row("user=hot", NOW, 9000, rate=5000.0, config_version=3))
     rows.append({**dict.fromkeys(DECISION_SCHEMA.names), "row_type": "reject", "reason": "x"})
     rows.append({**dict.fromkeys(DECISION_SCHEMA.names), "row_type": "reject", "reason": "x"})
@@ -211,7 +214,8 @@ def test_a_writer_summary_keeps_top_k_throttled_and_tracked_rows_only() -> None:
     kept = {decode_decision("-", row["value"]).entity for row in out if row["kind"] == "decision"}
     assert kept == {"user=tracked", "user=hot", "user=u999", "user=u998", "user=u997"}
     (head,) = [row for row in out if row["kind"] == "summary"]
-    assert (head["decisions"], head["rejects"], head["config_version"]) == (1002, 2, 3)
+    assert (head["decisions"], head["decided"], head["rejects"]) == (101, 1002, 2)
+    assert head["config_version"] == 3
     assert head["written_at"] - head["newest_ts"] == 250
 
     metrics = EngineMetrics(top_k=3, port=0, clock=lambda: (NOW + 300) / 1000)
@@ -222,6 +226,7 @@ def test_a_writer_summary_keeps_top_k_throttled_and_tracked_rows_only() -> None:
     assert samples(text, names.TIMERS_PENDING) == {"": 1.0}
     assert samples(text, names.EVENT_LAG) == {"": 0.25}
     assert samples(text, names.CONFIG_VERSION) == {"": 3.0}
+    assert samples(text, names.DECISIONS) == {'{written="true"}': 101.0, '{written="false"}': 901.0}
     throttle = per_entity(text, names.THROTTLE_TIME)
     assert 0 < throttle["produce", "user=hot"] <= 9.0
     # A shard's counts are cumulative: only the increase is counted again.

@@ -27,7 +27,8 @@ from state.events import EventBounds
 from state.remote_log_view import RemoteLog, RetentionView
 from streaming.commands.live_view import Snapshot
 from streaming.engine.batch_summary import throttled_at
-from streaming.engine.sinks import SinkSettings, decision_values, write_batches
+from streaming.engine.decision_values import decision_values
+from streaming.engine.sinks import SinkSettings, write_batches
 from streaming.engine.stages import (
     DECISION,
     DECISION_SCHEMA,
@@ -51,11 +52,12 @@ def server() -> Iterator[LocalService]:
         yield service
 
 
-def write(server: LocalService, rows: list[dict[str, object]], keep_ms: int = 30_000) -> None:
-    settings = SinkSettings.local(server.host, server.port, key_prefix="qs", keep_ms=keep_ms)
+def write(server: LocalService, rows: list[dict[str, object]]) -> None:
+    settings = SinkSettings.local(server.host, server.port, key_prefix="qs")
     batch = pa.RecordBatch.from_pylist(rows, schema=DECISION_SCHEMA)
     counts = list(write_batches(iter([batch]), settings))
-    assert counts[0].to_pylist() == [{"decisions": len(rows), "rejects": 0}]
+    written = sum(bool(row["write"]) for row in rows)
+    assert counts[0].to_pylist() == [{"decisions": written, "rejects": 0}]
 
 
 def test_a_written_decision_reads_back_in_one_lookup(server: LocalService) -> None:
@@ -94,8 +96,10 @@ def test_keys_expire_when_the_throttle_ends_but_not_before_keep_ms(server: Local
     now = int(time.time() * 1000)
     write(
         server,
-        [decision_row("user=a,broker=1", now, 60_000), decision_row("user=b,broker=1", now, 0)],
-        keep_ms=20_000,
+        [
+            decision_row("user=a,broker=1", now, 60_000, keep_ms=20_000),
+            decision_row("user=b,broker=1", now, 0, keep_ms=20_000),
+        ],
     )
     raw = redis.Redis(host=server.host, port=server.port)
     ttl_a, ttl_b = raw.pttl("qs:produce:user=a,broker=1"), raw.pttl("qs:produce:user=b,broker=1")
@@ -103,6 +107,20 @@ def test_keys_expire_when_the_throttle_ends_but_not_before_keep_ms(server: Local
     assert isinstance(ttl_b, int)
     assert 55_000 < ttl_a <= 60_000
     assert 15_000 < ttl_b <= 20_000
+
+
+def test_a_decision_redis_does_not_need_is_not_written(server: LocalService) -> None:
+    now = int(time.time() * 1000)
+    write(
+        server,
+        [
+            decision_row("user=needed,broker=1", now, 5000),
+            decision_row("user=quiet,broker=1", now, rate=10.0, exceeded=False, write=False),
+        ],
+    )
+    client = QuotaClient.connect(server.host, server.port, prefix="qs")
+    assert client.lookup("produce", "user=needed,broker=1") is not None
+    assert client.lookup("produce", "user=quiet,broker=1") is None
 
 
 def test_resolving_a_client_needs_the_config(server: LocalService) -> None:
@@ -284,4 +302,4 @@ def test_the_live_view_counts_only_what_an_agent_would_enforce_as_throttled() ->
         taken_at_ms=now,
     )
     assert [d.entity for d in view.throttled] == ["user=enforced"]
-    assert view.summary() == "4 entities decided; over limit: produce=4; throttled now: produce=1"
+    assert view.summary() == "4 entities written; over limit: produce=4; throttled now: produce=1"

@@ -70,10 +70,11 @@ def test_embedded_default_decides_throttles_quietly_and_cleans_up() -> None:
     assert noise_in(result.stdout + result.stderr) == []
     summaries = [line for line in result.stdout.splitlines() if line.startswith("quotastream:")]
     assert summaries, result.stdout
-    decided = re.search(r"(\d+) entities decided", summaries[-1])
+    decided = re.search(r"(\d+) entities written", summaries[-1])
     assert decided is not None
-    # A cluster, not a toy: ~300 clients under two dozen users on five brokers.
-    assert int(decided.group(1)) > 80
+    # A cluster, not a toy: of ~300 clients under two dozen users on five brokers, a score
+    # are near or over their limits at once (the entities Redis holds: docs/redis.md).
+    assert int(decided.group(1)) >= 10
     # The simulated tiered-storage backlog (3 x 8 MiB/s against 20 MiB/s for 40 s of each
     # minute) goes over its limit while the run watches.
     assert any("remote_copy=" in line.split("over limit:")[1] for line in summaries)
@@ -166,7 +167,7 @@ def test_live_view_in_a_terminal_and_ctrl_c_stops_cleanly(
     # Spark's start and first batch take a minute on a quiet 2-core machine, far more on a busy one.
     wait_for("live table", 600, table_drawn, run)
     screen = run.screen()
-    assert re.search(r"quotastream — \d+ entities decided", screen), screen
+    assert re.search(r"quotastream — \d+ entities written", screen), screen
     for column in ("quota", "entity", "rate B/s", "limit B/s", "use %", "throttle ms"):
         assert column in screen
     run.ctrl_c()

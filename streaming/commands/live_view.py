@@ -1,5 +1,8 @@
 """What the engine is deciding, read back from Redis: the entities closest to (or over) their limit.
 
+Redis holds the decisions agents act on (docs/redis.md): throttles, their ends, and entities near
+their limit (``redis.write_near_limit``), so those are what the view counts and lists.
+
 A rich table on a terminal; one plain summary line per refresh otherwise (logs, CI). The view
 reads decisions as agents do (:mod:`quotastream.redis_contract`), so "throttled" here is what an
 agent would enforce: shadow, exempt and released decisions are over their limit, not throttled.
@@ -35,7 +38,7 @@ class Snapshot:
     def summary(self) -> str:
         over = _count_by_quota(d for d in self.decisions if d.exceeded)
         line = (
-            f"{len(self.decisions)} entities decided; over limit: {over}; "
+            f"{len(self.decisions)} entities written; over limit: {over}; "
             f"throttled now: {_count_by_quota(self.throttled)}"
         )
         return line + (f"; unreadable keys: {self.unreadable}" if self.unreadable else "")

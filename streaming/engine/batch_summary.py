@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from quotastream.redis_contract import Decision, decode_decision
 from state.live_config import Mode
 from streaming.engine import stages
+from streaming.engine.decision_values import decision_values
 
 # The kinds of summary row (``kind`` tells which columns are set).
 SUMMARY = "summary"
@@ -41,6 +42,7 @@ SUMMARY_SCHEMA = pa.schema(
     [
         ("kind", pa.string()),
         ("decisions", pa.int64()),  # summary: decisions written
+        ("decided", pa.int64()),  # summary: decisions made, written or not
         ("rejects", pa.int64()),  # summary: rejects written; rejects: count of the reason
         ("requests", pa.int64()),  # requests: the quota's requests (events' count)
         ("written_at", pa.int64()),  # summary: wall clock at write (ms)
@@ -86,7 +88,11 @@ class BatchSummary:
         self._rejects: Tally[str] = Tally()
         self._requests: Tally[str] = Tally()
         self._rows: list[dict[str, Any]] = []
+        #: Decisions written to Redis, and made (written or not).
         self.decisions = 0
+        self.decided = 0
+        #: Decision rows seen before the current Arrow batch (rows are numbered across them).
+        self._seen = 0
         self._newest_ts: int | None = None
         self._config_version: int | None = None
         #: Failed Redis attempts before this batch was written (set by the writer).
@@ -115,15 +121,16 @@ class BatchSummary:
                 }
             )
 
-    def decisions_of(self, decisions: pa.RecordBatch, values: list[bytes]) -> None:
-        """Decision rows and the values written for them, column by column: a batch may hold
-        every entity of a shard. Kept: the throttled, the tracked, and the top ``top_k`` per
-        quota of the rest by rank (:func:`streaming.engine.exported_entities.rank`, in column
-        form; ties: the later row)."""
+    def decisions_of(self, decisions: pa.RecordBatch, written: int) -> None:
+        """Decision rows, ``written`` of them to Redis, column by column: a batch may hold
+        every entity of a shard. Kept, as the values Redis gets: the throttled, the tracked, and
+        the top ``top_k`` per quota of the rest by rank
+        (:func:`streaming.engine.exported_entities.rank`, in column form; ties: the later row)."""
         count = decisions.num_rows
         if not count:
             return
-        self.decisions += count
+        self.decisions += written
+        self.decided += count
         ts = decisions.column("ts").to_numpy(zero_copy_only=False)
         fresh = pc.is_null(decisions.column("notice")).to_numpy(zero_copy_only=False)
         if fresh.any():  # a release repeats an old decision's event time: not counted
@@ -142,31 +149,44 @@ class BatchSummary:
                 dtype=np.bool_,
                 count=count,
             )
-        self._kept += [values[row] for row in np.flatnonzero(keep).tolist()]
+        kept = np.flatnonzero(keep)
+        top, ranks = self._top_rows(decisions, quota, ~keep)
+        values = decision_values(decisions.take(pa.array(np.concatenate([kept, top]))))
+        self._kept += values[: len(kept)]
+        for position, rank, value in zip(top.tolist(), ranks, values[len(kept) :], strict=True):
+            heap = self._candidates.setdefault(str(quota[position]), [])
+            item = (rank, self._seen + position)
+            if len(heap) < self._request.top_k:
+                heapq.heappush(heap, (*item, value))
+            elif item > heap[0][:2]:
+                heapq.heapreplace(heap, (*item, value))
+        self._seen += count
+
+    def _top_rows(
+        self, decisions: pa.RecordBatch, quota: npt.NDArray[Any], rest: npt.NDArray[np.bool_]
+    ) -> tuple[npt.NDArray[np.int64], list[tuple[float, float]]]:
+        """The rows of ``rest`` among the top ``top_k`` of their quota, with their ranks."""
         if self._request.top_k <= 0:
-            return
+            return np.zeros(0, dtype=np.int64), []
         rate = decisions.column("rate").to_numpy(zero_copy_only=False)
         limit = decisions.column("limit").fill_null(np.nan).to_numpy(zero_copy_only=False)
         limited = limit > 0  # False for NaN: unlimited
         ratio = np.where(limited, rate / np.where(limited, limit, 1.0), -1.0)
-        rest = np.flatnonzero(~keep)
-        first = self.decisions - count  # rows are numbered across the writer's batches
-        for name in np.unique(quota[rest]):
-            rows = rest[quota[rest] == name]
+        rows = np.flatnonzero(rest)
+        chosen = [np.zeros(0, dtype=np.int64)]
+        for name in np.unique(quota[rows]):
+            of_quota = rows[quota[rows] == name]
             # Highest (ratio, rate, position) first.
-            order = rows[np.lexsort((rows, rate[rows], ratio[rows]))[::-1][: self._request.top_k]]
-            heap = self._candidates.setdefault(str(name), [])
-            for position in order.tolist():
-                item = ((float(ratio[position]), float(rate[position])), first + position)
-                if len(heap) < self._request.top_k:
-                    heapq.heappush(heap, (*item, values[position]))
-                elif item > heap[0][:2]:
-                    heapq.heapreplace(heap, (*item, values[position]))
+            order = np.lexsort((of_quota, rate[of_quota], ratio[of_quota]))[::-1]
+            chosen.append(of_quota[order[: self._request.top_k]])
+        top = np.concatenate(chosen)
+        return top, [(float(ratio[row]), float(rate[row])) for row in top.tolist()]
 
     def rows(self) -> list[dict[str, Any]]:
         summary = {
             "kind": SUMMARY,
             "decisions": self.decisions,
+            "decided": self.decided,
             "rejects": sum(self._rejects.values()),
             "written_at": self._written_at,
             "newest_ts": self._newest_ts,
@@ -208,6 +228,7 @@ class BatchReport:
 
     decisions: list[Decision] = field(default_factory=list)
     decisions_written: int = 0
+    decisions_made: int = 0
     rejects: Tally[str] = field(default_factory=Tally)
     requests: Tally[str] = field(default_factory=Tally)
     timers: dict[int, tuple[int, int, int]] = field(default_factory=dict)
@@ -226,6 +247,7 @@ class BatchReport:
                 report.decisions.append(decode_decision("the batch summary", row["value"]))
             elif kind == SUMMARY:
                 report.decisions_written += int(row["decisions"])
+                report.decisions_made += int(row["decided"])
                 report.written_at = _max(report.written_at, row["written_at"])
                 report.newest_ts = _max(report.newest_ts, row["newest_ts"])
                 report.config_version = _max(report.config_version, row["config_version"])

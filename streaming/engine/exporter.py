@@ -46,6 +46,7 @@ from streaming.engine.metric_names import (
     BYTE_RATE,
     CONFIG_VERSION,
     DEAD_LETTER_EVENTS,
+    DECISIONS,
     ENTITY_LABELS,
     EVENT_LAG,
     INPUT_BACKLOG,
@@ -142,6 +143,13 @@ class EngineMetrics:
         self.redis_write_failures = declare(
             Counter, REDIS_WRITE_FAILURES, "Failed Redis write attempts (retried with backoff)"
         )
+        self.decisions = declare(
+            Counter,
+            DECISIONS,
+            "Decisions made, by whether Redis needed them (written) or they answer as its key did",
+        )
+        for written in ("true", "false"):
+            self.decisions.labels(written=written)
         self.source_data_loss = declare(
             Counter,
             SOURCE_DATA_LOSS,
@@ -227,6 +235,8 @@ class EngineMetrics:
         if report.config_version is not None:
             self.config_version.set(report.config_version)
         self.redis_write_failures.inc(report.redis_failures)
+        self.decisions.labels(written="true").inc(report.decisions_written)
+        self.decisions.labels(written="false").inc(report.decisions_made - report.decisions_written)
 
     def record_progress(self, progress: Mapping[str, Any]) -> None:
         """One ``StreamingQueryProgress`` (its JSON form: a dict)."""

@@ -49,7 +49,7 @@ from streaming.engine.stages import (
 
 log = logging.getLogger(__name__)
 
-STATE_SCHEMA = "tables binary, timers binary, remote_log binary"
+STATE_SCHEMA = "tables binary, timers binary, remote_log binary, written binary"
 _NO_ROWS = pd.DataFrame(columns=STAGE_SCHEMA.names)
 
 

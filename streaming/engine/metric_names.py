@@ -30,6 +30,7 @@ EVENT_LAG = "quotastream_event_lag_seconds"
 CONFIG_VERSION = "quotastream_config_version"
 LAST_BATCH_TIMESTAMP = "quotastream_last_batch_timestamp_seconds"
 REDIS_WRITE_FAILURES = "quotastream_redis_write_failures_total"
+DECISIONS = "quotastream_decisions_total"
 SOURCE_DATA_LOSS = "quotastream_source_data_loss_total"
 KAFKA_OUTAGE = "quotastream_kafka_outage_seconds"
 KAFKA_OUTAGES = "quotastream_kafka_outages_total"
@@ -71,6 +72,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     CONFIG_VERSION: ("gauge", ()),
     LAST_BATCH_TIMESTAMP: ("gauge", ()),
     REDIS_WRITE_FAILURES: ("counter", ()),
+    DECISIONS: ("counter", ("written",)),
     SOURCE_DATA_LOSS: ("counter", ("topic", "partition")),
     KAFKA_OUTAGE: ("gauge", ()),
     KAFKA_OUTAGES: ("counter", ()),

@@ -16,6 +16,7 @@ from quotastream.proxy.settings import ProxySettings
 from state.configfile import ConfigError, describe_validation_error, read_yaml_mapping
 from state.events import EventBounds
 from state.timing_wheel import KAFKA_TICK_MS, KAFKA_WHEEL_SIZE
+from state.written_decisions import WritePolicy
 
 Millis = Annotated[int, Field(ge=0)]
 
@@ -108,6 +109,9 @@ class RedisSettings(BaseModel):
     ssl_key_file: str | None = None
     key_prefix: Annotated[str, Field(min_length=1)] = "quotastream"
     keep_ms: Annotated[int, Field(ge=1)] = 30_000
+    #: Decisions at or above this share of their limit are written every micro-batch; below
+    #: it, only a throttle, its end, or a change of what the key holds is (docs/redis.md).
+    write_near_limit: Annotated[float, Field(ge=0, le=1)] = 0.8
     #: Connect and read timeout of one Redis round trip.
     timeout_ms: Annotated[int, Field(ge=1)] = 5_000
     #: How long a micro-batch's write keeps retrying while Redis is unreachable before the
@@ -122,6 +126,9 @@ class RedisSettings(BaseModel):
         if (self.ssl_cert_file is None) != (self.ssl_key_file is None):
             raise ValueError("ssl_cert_file and ssl_key_file must be set together")
         return self
+
+    def write_policy(self) -> WritePolicy:
+        return WritePolicy(keep_ms=self.keep_ms, near_limit=self.write_near_limit)
 
     def connection(self) -> dict[str, Any]:
         """redis-py connection options, with the secret password (never log the result)."""

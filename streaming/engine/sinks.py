@@ -20,7 +20,6 @@ from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import redis
@@ -31,7 +30,6 @@ from redis.retry import Retry
 from quotastream.outage import Outage
 from quotastream.published_config import publish_arguments
 from quotastream.redis_contract import (
-    Decision,
     ReleaseNotice,
     decision_key,
     encode,
@@ -41,9 +39,10 @@ from quotastream.redis_contract import (
     timers_key,
 )
 from state.events import dead_letter_record
-from state.live_config import ConfigVersions, LiveConfig, Mode
+from state.live_config import ConfigVersions, LiveConfig
 from state.timer_stats import TimerStats
 from streaming.engine.batch_summary import SUMMARY_SCHEMA, BatchSummary, SummaryRequest
+from streaming.engine.decision_values import decision_values
 from streaming.engine.kafka_clients import RECONNECT_BACKOFF_MAX_MS, kafka_outage, ride_out
 from streaming.engine.settings import EngineSettings
 from streaming.engine.stages import DECISION, REJECT, REMOTE_LOG, TIMERS
@@ -100,27 +99,6 @@ class SinkSettings:
         return SinkSettings(redis={"host": host, "port": port}, **options)
 
 
-def decision_values(decisions: pa.RecordBatch) -> list[bytes]:
-    """Each decision row's value (:class:`~quotastream.redis_contract.Decision`), built column
-    by column: a batch may hold every entity of a shard."""
-    columns = [
-        decisions.column("quota"),
-        decisions.column("entity"),
-        decisions.column("throttle_ms"),
-        decisions.column("until"),
-        decisions.column("rate"),
-        decisions.column("limit"),  # null: unlimited
-        decisions.column("exceeded"),
-        decisions.column("window_ms"),
-        decisions.column("ts"),
-        pc.equal(decisions.column("mode"), Mode.ENFORCED.value),
-        decisions.column("mode"),
-        decisions.column("config_version"),
-        decisions.column("released_at"),
-    ]
-    return list(map(encode, map(Decision, *(column.to_pylist() for column in columns))))
-
-
 def release_notice(row: dict[str, Any]) -> ReleaseNotice:
     """The notice of a decision row that ended a pending throttle (``notice`` set)."""
     return ReleaseNotice(
@@ -142,16 +120,15 @@ Command = tuple[str, tuple[Any, ...], dict[str, Any]]
 
 
 def decision_commands(
-    decisions: pa.RecordBatch, values: list[bytes], settings: SinkSettings, now: int
+    decisions: pa.RecordBatch, values: list[bytes], settings: SinkSettings
 ) -> list[Command]:
-    """The Redis commands that write ``decisions`` (their ``values``; each kept until its
-    throttle ends, and at least ``keep_ms``) and announce the throttles that ended."""
+    """The Redis commands that write ``decisions`` (their ``values``, each until its
+    ``expire_at``) and announce the throttles that ended."""
     prefix = settings.key_prefix
     quota = decisions.column("quota").to_pylist()
     entity = decisions.column("entity").to_pylist()
     keys = list(map(partial(decision_key, prefix), quota, entity))
-    until = decisions.column("until").to_numpy(zero_copy_only=False)
-    expire_at = np.maximum(until, now + settings.keep_ms).tolist()
+    expire_at = decisions.column("expire_at").to_pylist()
     commands: list[Command] = []
     for first in range(0, len(keys), _KEYS_PER_SET_EACH):
         last = first + _KEYS_PER_SET_EACH
@@ -209,8 +186,11 @@ def write_batches(
         report = BatchSummary(summary, now) if summary is not None else None
         is_decision = pc.equal(batch.column("row_type"), DECISION)
         decisions = batch.filter(is_decision)
-        values = decision_values(decisions)
-        commands = decision_commands(decisions, values, settings, now)
+        # Only what an agent would act on (state/written_decisions.py); the metrics see all.
+        written = decisions.filter(decisions.column("write"))
+        commands = decision_commands(written, decision_values(written), settings)
+        # Published with any decision made with it, written or not: agents resolve clients,
+        # and the proxy caps fetches, with it.
         live = config_to_publish(decisions, settings, now)
         if live is not None:
             # First: an agent that reads a decision made with it can read it too.
@@ -240,7 +220,7 @@ def write_batches(
             if report is not None:
                 report.add_other(row)
         if report is not None:
-            report.decisions_of(decisions, values)
+            report.decisions_of(decisions, written.num_rows)
         failures = execute_with_retry(client, commands, settings)
         if live is not None:
             _PUBLISHED[(settings.key_prefix, settings.run)] = (live.version, now)
@@ -250,7 +230,7 @@ def write_batches(
             yield report.batch()
             continue
         yield pa.RecordBatch.from_pylist(
-            [{"decisions": decisions.num_rows, "rejects": len(dead_letters)}], schema=WRITE_COUNTS
+            [{"decisions": written.num_rows, "rejects": len(dead_letters)}], schema=WRITE_COUNTS
         )
 
 

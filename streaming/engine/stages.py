@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,7 @@ from state.quota_types import QuotaType
 from state.remote_log import LINEAGE
 from state.shard import USAGE_COLUMNS, Shard, ShardSettings, ShardState, timer_counts
 from state.timing_wheel import KAFKA_TICK_MS, KAFKA_WHEEL_SIZE
+from state.written_decisions import WritePolicy
 from streaming.engine.settings import EngineSettings
 
 USAGE = "usage"  # a client's or broker's traffic, on its way to its shard
@@ -97,6 +98,8 @@ class StageSettings:
     timer_wheel_size: int = KAFKA_WHEEL_SIZE
     #: Where later versions of the configuration are (None: ``config`` is the only version).
     live_configs: ConfigVersions | None = None
+    #: Which decisions are written to Redis, and until when they stay.
+    write_policy: WritePolicy = field(default_factory=WritePolicy)
 
     @staticmethod
     def of(
@@ -113,6 +116,7 @@ class StageSettings:
             timer_tick_ms=settings.timers.tick_ms,
             timer_wheel_size=settings.timers.wheel_size,
             live_configs=live_configs,
+            write_policy=settings.redis.write_policy(),
         )
 
     def live(self, version: int) -> LiveConfig:
@@ -126,7 +130,9 @@ class StageSettings:
 
     @property
     def shard(self) -> ShardSettings:
-        return ShardSettings(self.config, self.timer_tick_ms, self.timer_wheel_size)
+        return ShardSettings(
+            self.config, self.timer_tick_ms, self.timer_wheel_size, self.write_policy
+        )
 
     def eviction_horizon(self, now_ms: int) -> int | None:
         return None if self.max_past_ms is None else now_ms - self.max_past_ms
@@ -366,6 +372,8 @@ DECISION_SCHEMA = pa.schema(
         ("mode", pa.string()),  # state.live_config.Mode: only "enforced" decisions bind
         ("released_at", pa.int64()),  # null while a throttle is pending
         ("notice", pa.string()),  # why a pending throttle ended in this batch
+        ("write", pa.bool_()),  # whether Redis needs the decision (state/written_decisions.py)
+        ("expire_at", pa.int64()),  # when its key expires, if written
         ("shard", pa.int32()),  # timers rows
         ("timers_pending", pa.int64()),
         ("timers_fired", pa.int64()),
