@@ -1,14 +1,15 @@
 """One shard of entities: the state one Spark state group keeps, and what a batch does to it.
 
 Spark charges about a millisecond per state group and micro-batch, so a group is a *shard* of
-many entities. A shard holds three columnar parts, each encoded as one blob
+many entities. A shard holds four columnar parts, each encoded as one blob
 (:class:`ShardState`): the rolling windows of every quota type (:class:`~state.core.QuotaCore`),
-the pending throttle releases in a timing wheel (:class:`~state.throttle_timers.ThrottleTimers`)
-and the remote log sizes of its partitions (:class:`~state.remote_log.RemoteLogSizes`).
+the pending throttle releases in a timing wheel (:class:`~state.throttle_timers.ThrottleTimers`),
+the remote log sizes of its partitions (:class:`~state.remote_log.RemoteLogSizes`), and what
+Redis holds of its decisions (:class:`~state.written_decisions.WrittenDecisions`).
 
 :meth:`Shard.step` is one micro-batch at the batch time ``now_ms``: it fires the timers due,
-records the usage sums in the windows, registers the new decisions' timers, applies segment
-events, and forgets entities idle past the eviction horizon. The batch time is the checkpoint's,
+records the usage sums in the windows, registers the new decisions' timers, marks the decisions
+Redis needs, applies segment events, and forgets entities idle past the eviction horizon. The batch time is the checkpoint's,
 so a replayed batch repeats the same releases. Nothing here knows Spark: the streaming job only
 converts Arrow rows to the frames below and back. ``replay`` and ``--what-if`` drive a shard too,
 through :meth:`Shard.decide`: the same windows, decided event by event.

@@ -59,8 +59,8 @@ class SinkSettings:
     #: redis-py connection options (:meth:`RedisSettings.connection`; holds the password).
     redis: Mapping[str, Any] = field(repr=False)
     key_prefix: str = "quotastream"
-    #: How long a decision stays readable after it was written, at least (throttles stay
-    #: until they end).
+    #: How long a written decision stays readable (the shard gives each its expiry); here,
+    #: how often each process publishes the configuration again.
     keep_ms: int = 30_000
     dead_letter_topic: str = "quotastream.dead-letter"
     kafka_bootstrap: str = ""
