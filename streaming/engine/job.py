@@ -4,8 +4,9 @@
 
     quotastream-kafka source (offsets in the checkpoint); each read, on its executor, stages
       its records: validate, resolve entity, sum per (entity, sample)     (staged_batches)
-      -> groupBy(shard).applyInPandasWithState: update_shard    one state value per shard
-      -> foreachBatch: mapInArrow(write_batches) on the executors  -> Redis, dead-letter topic
+      -> groupBy(shard).applyInPandasWithState: update_shard    one state value per shard,
+                                                  its output rows packed as one Arrow stream
+      -> foreachBatch: mapInArrow(write_packed) on the executors  -> Redis, dead-letter topic
                        (with metrics: a bounded summary back to the driver -> Prometheus)
 
 A record crosses from Python into the JVM once, already summed: the source's rows are usage
@@ -38,9 +39,9 @@ from streaming.engine.config_log import ConfigLog, ConfigSource
 from streaming.engine.exporter import EngineMetrics
 from streaming.engine.kafka_source import engine_source
 from streaming.engine.settings import EngineSettings, KafkaSettings
-from streaming.engine.sinks import WRITE_COUNTS, WRITE_SUMMARY, SinkSettings, write_batches
+from streaming.engine.sinks import WRITE_COUNTS, WRITE_SUMMARY, SinkSettings, write_packed
 from streaming.engine.stages import (
-    DECISION_SCHEMA,
+    PACKED_SCHEMA,
     STAGE_SCHEMA,
     StageSettings,
     group_rows,
@@ -147,7 +148,7 @@ def start_query(
     staged = spark.readStream.format(source.name()).options(**options).load()
     decided = staged.groupBy("shard").applyInPandasWithState(
         partial(_update_group, stage=stage),
-        outputStructType=from_arrow_schema(DECISION_SCHEMA),
+        outputStructType=from_arrow_schema(PACKED_SCHEMA),
         stateStructType=STATE_SCHEMA,
         outputMode="Update",
         timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
@@ -220,7 +221,7 @@ def _update_group(
         state.update(astuple(update.state))
     if update.wake_at_ms is not None:
         state.setTimeoutDuration(max(update.wake_at_ms - now_ms, 1))
-    yield from update.parts
+    yield update.packed()
 
 
 def _write_batch(
@@ -244,11 +245,11 @@ def _write(
     # top_k rows per quota and Arrow batch plus the tracked entities) come back to the driver.
     if metrics is None:
         batch.mapInArrow(
-            partial(write_batches, settings=sink), from_arrow_schema(WRITE_COUNTS)
+            partial(write_packed, settings=sink), from_arrow_schema(WRITE_COUNTS)
         ).collect()
         return
     written = batch.mapInArrow(
-        partial(write_batches, settings=sink, summary=metrics.request()),
+        partial(write_packed, settings=sink, summary=metrics.request()),
         from_arrow_schema(WRITE_SUMMARY),
     ).collect()
     try:

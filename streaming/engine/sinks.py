@@ -45,7 +45,7 @@ from streaming.engine.batch_summary import SUMMARY_SCHEMA, BatchSummary, Summary
 from streaming.engine.decision_values import decision_values
 from streaming.engine.kafka_clients import RECONNECT_BACKOFF_MAX_MS, kafka_outage, ride_out
 from streaming.engine.settings import EngineSettings
-from streaming.engine.stages import DECISION, REJECT, REMOTE_LOG, TIMERS
+from streaming.engine.stages import DECISION, REJECT, REMOTE_LOG, TIMERS, unpacked
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +232,15 @@ def write_batches(
         yield pa.RecordBatch.from_pylist(
             [{"decisions": written.num_rows, "rejects": len(dead_letters)}], schema=WRITE_COUNTS
         )
+
+
+def write_packed(
+    batches: Iterator[pa.RecordBatch],
+    settings: SinkSettings,
+    summary: SummaryRequest | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """:func:`write_batches` of the stateful stage's packed output (``stages.PACKED_SCHEMA``)."""
+    return write_batches(unpacked(batches), settings, summary)
 
 
 def execute_with_retry(client: redis.Redis, commands: list[Command], settings: SinkSettings) -> int:

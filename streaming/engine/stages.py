@@ -393,6 +393,10 @@ DECISION_SCHEMA = pa.schema(
     ]
 )
 TIMERS = "timers"
+#: What the stateful stage hands Spark: each shard's DECISION_SCHEMA rows as one Arrow IPC
+#: stream, so that Spark moves one value per shard instead of converting each of its rows
+#: (pandas, Arrow and Spark's own rows, out of the shard and again into the sink).
+PACKED_SCHEMA = pa.schema([("rows", pa.binary())])
 
 
 @dataclass(frozen=True)
@@ -414,11 +418,32 @@ class ShardUpdate:
             ).to_batches()
         ]
 
+    def packed(self) -> pd.DataFrame:
+        """The batches as one PACKED_SCHEMA row (:func:`unpacked` reads it)."""
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, DECISION_SCHEMA) as writer:
+            for batch in self.batches():
+                writer.write_batch(batch)
+        return pd.DataFrame({"rows": [sink.getvalue().to_pybytes()]})
+
     @property
     def rows(self) -> pd.DataFrame:
         """All parts in one frame, typed as Spark types them (for tests and tools)."""
         rows: pd.DataFrame = pa.Table.from_batches(self.batches(), DECISION_SCHEMA).to_pandas()
         return rows
+
+
+def unpacked(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The DECISION_SCHEMA rows of PACKED_SCHEMA batches (:meth:`ShardUpdate.packed`): one
+    batch for each batch of packed shards."""
+    for batch in batches:
+        inner = [
+            rows
+            for packed in batch.column("rows")
+            for rows in pa.ipc.open_stream(packed.as_buffer())
+        ]
+        if inner:
+            yield from pa.Table.from_batches(inner, DECISION_SCHEMA).combine_chunks().to_batches()
 
 
 def group_rows(chunks: list[pd.DataFrame]) -> pd.DataFrame:
