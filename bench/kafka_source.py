@@ -105,13 +105,19 @@ def stage_connector_records(
         yield from staged_batches(records, stage)
 
 
+def connector_options(kafka: LocalService, topic: str) -> dict[str, str]:
+    return {
+        "kafka.bootstrap.servers": kafka.address,
+        "subscribe": topic,
+        "startingOffsets": "earliest",
+    }
+
+
 def connector_ceiling(spark: SparkSession, kafka: LocalService, topic: str, messages: int) -> int:
     """Messages/s of Spark's connector reading ``topic`` whole in one batch query."""
     frame = (
         spark.read.format("kafka")
-        .option("kafka.bootstrap.servers", kafka.address)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
+        .options(**connector_options(kafka, topic))
         .load()
         .selectExpr("count(*) AS records", "sum(length(value)) AS bytes")
     )
@@ -142,9 +148,7 @@ def one_stage1_batch(
     else:
         frame = (
             spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", kafka.address)
-            .option("subscribe", topic)
-            .option("startingOffsets", "earliest")
+            .options(**connector_options(kafka, topic))
             .load()
             .mapInArrow(
                 partial(stage_connector_records, stage=stage), from_arrow_schema(STAGE_SCHEMA)

@@ -9,10 +9,11 @@ Redis holds of its decisions (:class:`~state.written_decisions.WrittenDecisions`
 
 :meth:`Shard.step` is one micro-batch at the batch time ``now_ms``: it fires the timers due,
 records the usage sums in the windows, registers the new decisions' timers, marks the decisions
-Redis needs, applies segment events, and forgets entities idle past the eviction horizon. The batch time is the checkpoint's,
-so a replayed batch repeats the same releases. Nothing here knows Spark: the streaming job only
-converts Arrow rows to the frames below and back. ``replay`` and ``--what-if`` drive a shard too,
-through :meth:`Shard.decide`: the same windows, decided event by event.
+Redis needs, applies segment events, and forgets entities idle past the eviction horizon. The batch
+time is the checkpoint's, so a replayed batch repeats the same releases. Nothing here knows Spark:
+the streaming job only converts Arrow rows to the frames below and back. ``replay`` and
+``--what-if`` drive a shard too, through :meth:`Shard.decide`: the same windows, decided event
+by event.
 
 The windows stay encoded between batches: a batch decodes only the entities it touches and copies
 the others through (``state/encoding.py``), so its cost follows its work, not the shard's size.

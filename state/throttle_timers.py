@@ -21,10 +21,10 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
-import pyarrow as pa
 
 # Re-exported (an explicit alias, as mypy wants): state.shard and streaming.engine.sinks import
 # it here.
+from state.keyed_table import decode_keyed, encode_keyed
 from state.timer_stats import TimerStats
 from state.timing_wheel import TimingWheel
 
@@ -97,31 +97,12 @@ class ThrottleTimers:
 
     # ------------------------------------------------------------------ encoding
     def encode(self) -> bytes:
-        table = pa.Table.from_pandas(self.pending.rename_axis("key"), preserve_index=True)
-        table = table.replace_schema_metadata({b"format": _FORMAT, b"wheel": self.wheel.encode()})
-        sink = pa.BufferOutputStream()
-        options = pa.ipc.IpcWriteOptions(compression="zstd")
-        with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
-            writer.write_table(table)
-        return bytes(sink.getvalue().to_pybytes())
+        return encode_keyed(self.pending, {b"format": _FORMAT, b"wheel": self.wheel.encode()})
 
     @classmethod
     def decode(cls, data: bytes) -> ThrottleTimers:
-        try:
-            table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise TimersDecodeError(f"not encoded throttle timers: {exc}") from None
-        metadata = table.schema.metadata or {}
-        if metadata.get(b"format") != _FORMAT:
-            raise TimersDecodeError(
-                f"unsupported throttle timers format {metadata.get(b'format')!r}"
-            )
-        wheel = TimingWheel.decode(metadata[b"wheel"])
-        pending = table.replace_schema_metadata(None).to_pandas()
-        if "key" in pending.columns:
-            pending = pending.set_index("key")
-        pending.index.name = None
-        return cls(wheel, pending)
+        pending, metadata = decode_keyed(data, _FORMAT, "throttle timers", TimersDecodeError)
+        return cls(TimingWheel.decode(metadata[b"wheel"]), pending)
 
     # ------------------------------------------------------------------ internals
     def _expire(self, now_ms: int) -> pd.DataFrame:

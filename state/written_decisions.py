@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
-import pyarrow as pa
+
+from state.keyed_table import decode_keyed, encode_keyed
 
 _FORMAT = b"quotastream.written_decisions.1"
 
@@ -108,25 +109,12 @@ class WrittenDecisions:
 
     # ------------------------------------------------------------------ encoding
     def encode(self) -> bytes:
-        table = pa.Table.from_pandas(self.held.rename_axis("key"), preserve_index=True)
-        table = table.replace_schema_metadata({b"format": _FORMAT})
-        sink = pa.BufferOutputStream()
-        options = pa.ipc.IpcWriteOptions(compression="zstd")
-        with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
-            writer.write_table(table)
-        return bytes(sink.getvalue().to_pybytes())
+        return encode_keyed(self.held, {b"format": _FORMAT})
 
     @classmethod
     def decode(cls, data: bytes) -> WrittenDecisions:
-        try:
-            table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise WrittenDecisionsDecodeError(f"not encoded written decisions: {exc}") from None
-        found = (table.schema.metadata or {}).get(b"format")
-        if found != _FORMAT:
-            raise WrittenDecisionsDecodeError(f"unsupported written decisions format {found!r}")
-        held = table.replace_schema_metadata(None).to_pandas().set_index("key")
-        held.index.name = None
+        what = "written decisions"
+        held, _ = decode_keyed(data, _FORMAT, what, WrittenDecisionsDecodeError)
         return cls(held.astype(_HELD))
 
 
