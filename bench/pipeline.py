@@ -38,6 +38,7 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import redis
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
@@ -484,7 +485,11 @@ def piece_costs(
     began = time.perf_counter()
     list(write_batches(iter(decisions), SinkSettings.local(redis_server.host, redis_server.port)))
     timings["redis_sink"] = time.perf_counter() - began
-    return {f"{name}_ms": round(seconds * 1000) for name, seconds in timings.items()}
+    made = [batch.filter(pc.equal(batch.column("row_type"), "decision")) for batch in decisions]
+    return {f"{name}_ms": round(seconds * 1000) for name, seconds in timings.items()} | {
+        "decisions_made": sum(batch.num_rows for batch in made),
+        "decisions_written": sum(pc.sum(batch.column("write")).as_py() or 0 for batch in made),
+    }
 
 
 def main() -> None:
