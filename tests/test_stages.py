@@ -26,6 +26,8 @@ from state.quota_types import QuotaType
 from state.shard import ShardState
 from streaming.engine.stages import (
     DECISION,
+    DECISION_SCHEMA,
+    PACKED_SCHEMA,
     REJECT,
     REMOTE_LOG,
     STAGE_SCHEMA,
@@ -34,6 +36,7 @@ from streaming.engine.stages import (
     StageSettings,
     group_rows,
     staged_batches,
+    unpacked,
     update_shard,
 )
 from tests.expected import final_decisions
@@ -156,8 +159,8 @@ def test_a_shards_chunks_join_into_the_rows_pandas_would_give() -> None:
 
 
 def test_a_shards_output_has_no_all_none_object_column() -> None:
-    """Spark concatenates the output frames of a task's shards, and pandas checks each value of
-    an all-None object column one by one: null columns are typed instead."""
+    """Each output frame goes to Arrow (packed for Spark), which checks each value of an
+    all-None object column one by one: null columns are typed instead."""
     rows = staged(payloads(4, 200), SETTINGS)
     parts = [
         part
@@ -170,6 +173,21 @@ def test_a_shards_output_has_no_all_none_object_column() -> None:
             name for name in part.columns if part[name].dtype == object and part[name].isna().all()
         ]
         assert untyped == [], part["row_type"].iloc[0]
+
+
+def test_the_shards_packed_output_unpacks_into_the_same_rows() -> None:
+    """What Spark moves between the stateful stage and the sink: one value per shard."""
+    rows = staged(payloads(4, 200), SETTINGS)
+    updates = [
+        update_shard(None, group, SETTINGS, int(shard), NOW)
+        for shard, group in rows.groupby("shard")
+    ]
+    packed = pd.concat([update.packed() for update in updates], ignore_index=True)
+    assert len(packed) == len(updates)
+    (out,) = unpacked(iter([pa.RecordBatch.from_pandas(packed, schema=PACKED_SCHEMA)]))
+    expected = pa.Table.from_batches([b for u in updates for b in u.batches()], DECISION_SCHEMA)
+    assert pa.Table.from_batches([out]).equals(expected)
+    assert list(unpacked(iter([pa.RecordBatch.from_pylist([], schema=PACKED_SCHEMA)]))) == []
 
 
 def test_idle_entities_leave_the_state_and_late_events_for_them_are_rejected() -> None:

@@ -402,8 +402,8 @@ PACKED_SCHEMA = pa.schema([("rows", pa.binary())])
 @dataclass(frozen=True)
 class ShardUpdate:
     state: ShardState | None  # None for the dead-letter group, which keeps no state
-    #: DECISION_SCHEMA frames, one per kind of row: Spark takes them one by one, and
-    #: concatenating frames of different columns costs pandas a check per value.
+    #: DECISION_SCHEMA frames, one per kind of row, converted to Arrow one by one
+    #: (concatenating frames of different columns costs pandas a check per value).
     parts: list[pd.DataFrame]
     #: When the shard's earliest pending timer bucket is due (None: no timers).
     wake_at_ms: int | None
