@@ -179,8 +179,8 @@ def test_the_shards_packed_output_unpacks_into_the_same_rows() -> None:
     """What Spark moves between the stateful stage and the sink: one value per shard."""
     rows = staged(payloads(4, 200), SETTINGS)
     updates = [
-        update_shard(None, group, SETTINGS, int(shard), NOW)
-        for shard, group in rows.groupby("shard")
+        update_shard(None, group, SETTINGS, int(group["shard"].iloc[0]), NOW)
+        for _, group in rows.groupby("shard")
     ]
     packed = pd.concat([update.packed() for update in updates], ignore_index=True)
     assert len(packed) == len(updates)
