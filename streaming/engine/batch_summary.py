@@ -91,8 +91,6 @@ class BatchSummary:
         #: Decisions written to Redis, and made (written or not).
         self.decisions = 0
         self.decided = 0
-        #: Decision rows seen before the current Arrow batch (rows are numbered across them).
-        self._seen = 0
         self._newest_ts: int | None = None
         self._config_version: int | None = None
         #: Failed Redis attempts before this batch was written (set by the writer).
@@ -131,6 +129,7 @@ class BatchSummary:
             return
         self.decisions += written
         self.decided += count
+        first = self.decided - count  # rows are numbered across the writer's batches
         ts = decisions.column("ts").to_numpy(zero_copy_only=False)
         fresh = pc.is_null(decisions.column("notice")).to_numpy(zero_copy_only=False)
         if fresh.any():  # a release repeats an old decision's event time: not counted
@@ -155,12 +154,11 @@ class BatchSummary:
         self._kept += values[: len(kept)]
         for position, rank, value in zip(top.tolist(), ranks, values[len(kept) :], strict=True):
             heap = self._candidates.setdefault(str(quota[position]), [])
-            item = (rank, self._seen + position)
+            item = (rank, first + position)
             if len(heap) < self._request.top_k:
                 heapq.heappush(heap, (*item, value))
             elif item > heap[0][:2]:
                 heapq.heapreplace(heap, (*item, value))
-        self._seen += count
 
     def _top_rows(
         self, decisions: pa.RecordBatch, quota: npt.NDArray[Any], rest: npt.NDArray[np.bool_]
