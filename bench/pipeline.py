@@ -36,7 +36,6 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import redis
@@ -55,9 +54,10 @@ from streaming.engine.offsets import SourceOptions, records_read
 from streaming.engine.settings import EngineSettings
 from streaming.engine.sinks import SinkSettings, write_batches
 from streaming.engine.stages import (
-    STAGE_SCHEMA,
     KafkaRecords,
     StageSettings,
+    packed_by_shard,
+    shard_rows,
     staged_batches,
     update_shard,
 )
@@ -447,35 +447,33 @@ def piece_costs(
 ) -> dict[str, int]:
     """Milliseconds of each piece of one micro-batch of ``batch`` messages, in one process and
     without Spark, after the batches ``before`` built the state: stage 1 (validate, resolve,
-    sum), stage 2 (the shards' steps, of which restoring and encoding the state is the part
-    that grows with every entity held) and the Redis sink."""
+    sum, pack per shard), stage 2 (unpacking and the shards' steps, of which restoring and
+    encoding the state is the part that grows with every entity held) and the Redis sink."""
     stage = StageSettings(CONFIG, EventBounds(), 65_536, shards=shards)
     states: dict[int, Any] = {}
 
-    def stage1(messages: list[bytes]) -> pd.DataFrame:
+    def stage1(messages: list[bytes]) -> list[pa.RecordBatch]:
         records = KafkaRecords("bench", 0, list(range(len(messages))), list(messages), 0)
-        staged: pd.DataFrame = pa.Table.from_batches(
-            list(staged_batches(records, stage)), STAGE_SCHEMA
-        ).to_pandas()
-        return staged
+        return list(packed_by_shard(staged_batches(records, stage)))
 
-    def stage2(staged: pd.DataFrame) -> list[pa.RecordBatch]:
+    def stage2(packs: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
         decisions = []
-        for shard in sorted(staged["shard"].unique()):
-            rows = staged[staged["shard"] == shard]
-            update = update_shard(states.get(shard), rows, stage, int(shard), now)
-            states[shard] = update.state
-            decisions.extend(update.batches())
+        for by_shard in packs:  # one read: one pack per shard
+            shards = by_shard.column("shard").to_pylist()
+            for shard, packed in zip(shards, by_shard.column("rows").to_pylist(), strict=True):
+                update = update_shard(states.get(shard), shard_rows([packed]), stage, shard, now)
+                states[shard] = update.state
+                decisions.extend(update.batches())
         return decisions
 
     for messages in before:
         stage2(stage1(messages))
     timings: dict[str, float] = {}
     began = time.perf_counter()
-    staged = stage1(batch)
+    packs = stage1(batch)
     timings["stage1_validate_resolve_sum"] = time.perf_counter() - began
     began = time.perf_counter()
-    decisions = stage2(staged)
+    decisions = stage2(packs)
     timings["stage2_state_update"] = time.perf_counter() - began
     began = time.perf_counter()
     for state in states.values():

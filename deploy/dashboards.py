@@ -579,11 +579,14 @@ def engine_health() -> dashboard.Dashboard:
         .with_panel(
             _series(
                 "Input and processing rate",
-                "Spark's rows/s of the last batch and Kafka records read per second.",
+                "Kafka records read per second, and what the last batch read per second of its"
+                " run: the engine keeps up while the first stays below the second.",
                 "reqps",
                 [
-                    ("quotastream_input_rows_per_second", "input rows/s"),
-                    ("quotastream_processed_rows_per_second", "processed rows/s"),
+                    (
+                        "quotastream_processed_records_per_second",
+                        "last batch, records/s of its run",
+                    ),
                     (
                         "sum(rate(quotastream_input_events_total[$__rate_interval]))",
                         "records read/s",

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 import redis
@@ -42,15 +41,7 @@ from state.live_config import Mode
 from state.shard import ShardState
 from streaming.engine.decision_values import decision_values
 from streaming.engine.settings import EngineSettings, load_engine_settings
-from streaming.engine.stages import (
-    DECISION,
-    STAGE_SCHEMA,
-    KafkaRecords,
-    StageSettings,
-    group_rows,
-    staged_batches,
-    update_shard,
-)
+from streaming.engine.stages import DECISION, KafkaRecords, StageSettings, update_shard
 from streaming.services import LocalService
 from tests.checkpoint import PlannedBatch, committed_batches, planned_batches, states_written
 from tests.expected import (
@@ -64,6 +55,7 @@ from tests.expected import (
 )
 from tests.factories import MIXED_QUOTAS, mixed_payloads
 from tests.servers import start_spark_cluster
+from tests.stage_runs import shard_inputs
 
 KILLS = 10
 #: Every fourth kill lands while the driver starts: session, query start, first batch.
@@ -209,28 +201,25 @@ class UnkilledRun:
 
     def run(self, batch: PlannedBatch) -> None:
         assert batch.batch_id == len(self.writes), "batches run in order, each once"
-        staged = []
+        reads = []
         for partition, end in sorted(batch.offsets[self.topic].items()):
             start = self.read_to.get(int(partition), 0)
             offsets = list(range(start, int(end)))
             values: list[bytes | None] = [self.records[(int(partition), o)] for o in offsets]
             # The configuration file is version 0: these tests never change it.
-            read = KafkaRecords(self.topic, int(partition), offsets, values, 0)
-            staged += list(staged_batches(read, self.stage)) if offsets else []
+            if offsets:
+                reads.append(KafkaRecords(self.topic, int(partition), offsets, values, 0))
             self.read_to[int(partition)] = int(end)
         changed: dict[str, dict[str, Any]] = {}
-        # Spark hands a shard's rows over as pandas frames with integer columns as objects.
-        rows = pa.Table.from_batches(staged, STAGE_SCHEMA).to_pandas(integer_object_nulls=True)
-        for shard, group in rows.groupby("shard"):
-            given = group_rows([group.reset_index(drop=True)])
+        for shard, given in shard_inputs(reads, self.stage).items():
             update = update_shard(
-                self.states.get(int(shard)), given, self.stage, int(shard), batch.timestamp_ms
+                self.states.get(shard), given, self.stage, shard, batch.timestamp_ms
             )
             # A pending throttle would wake its shard in later batches without data; the events
             # are from 2023, so every throttle is over by the batch that decides it.
             assert update.wake_at_ms is None, f"batch {batch.batch_id}: a throttle is pending"
             if update.state is not None:
-                self.states[int(shard)] = update.state
+                self.states[shard] = update.state
             for part in update.batches():
                 is_decision = pc.equal(part.column("row_type"), DECISION)
                 decisions = part.filter(pc.and_kleene(is_decision, part.column("write")))

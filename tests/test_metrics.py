@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 import uuid
 from pathlib import Path
@@ -26,10 +25,8 @@ from streaming.engine.settings import EngineSettings, load_engine_settings
 from streaming.engine.stages import (
     DECISION,
     DECISION_SCHEMA,
-    STAGE_SCHEMA,
     KafkaRecords,
     StageSettings,
-    staged_batches,
     update_shard,
 )
 from streaming.services import LocalService
@@ -43,6 +40,7 @@ from tests.factories import (
     remote_segment,
     replication,
 )
+from tests.stage_runs import shard_inputs
 
 NOW = 1_700_000_000_000
 
@@ -245,9 +243,9 @@ def test_progress_feeds_the_batch_metrics() -> None:
         {
             "timestamp": "2026-01-01T00:00:00.000Z",
             "durationMs": {"triggerExecution": 1500},
-            "numInputRows": 7,  # the source's staged rows: not what the input counts
+            "numInputRows": 7,  # the source's packs of staged rows: not what the input counts
             "inputRowsPerSecond": 21.0,
-            "processedRowsPerSecond": math.nan,
+            "processedRowsPerSecond": 4.7,
             "sources": [
                 {
                     "startOffset": {"events": {"0": 100, "1": 5}, "config": {"0": 3}},
@@ -260,8 +258,7 @@ def test_progress_feeds_the_batch_metrics() -> None:
     text = metrics.scrape()
     assert samples(text, names.INPUT_EVENTS) == {"": 42.0}
     assert samples(text, f"{names.BATCH_DURATION}_count") == {"": 1.0}
-    assert samples(text, names.INPUT_ROWS_PER_SECOND) == {"": 21.0}
-    assert samples(text, names.PROCESSED_ROWS_PER_SECOND) == {"": 0.0}
+    assert samples(text, names.PROCESSED_RECORDS_PER_SECOND) == {"": 42 / 1.5}
     assert samples(text, names.LAST_BATCH_TIMESTAMP) == {"": 1767225601.5}
 
 
@@ -430,12 +427,11 @@ def test_requests_are_the_accepted_events_count_summed_per_quota() -> None:
     values = [json.dumps(event).encode() for event in [*counted, *uncounted]]
     values.append(json.dumps(batched).encode())
     records = KafkaRecords("events", 0, list(range(len(values))), list(values), 0)
-    staged = pa.Table.from_batches(list(staged_batches(records, stage)), STAGE_SCHEMA).to_pandas()
     request = SummaryRequest(top_k=10)
     written = [
         row
-        for shard, rows in staged.groupby("shard")
-        for batch in update_shard(None, rows, stage, int(shard), BASE + 10_000).batches()
+        for shard, rows in shard_inputs([records], stage).items()
+        for batch in update_shard(None, rows, stage, shard, BASE + 10_000).batches()
         for row in writer_summary(batch, request, written_at=BASE + 10_000)
     ]
     assert sum(row["kind"] == "summary" for row in written) > 1  # several writers to merge

@@ -18,21 +18,14 @@ import random
 import tracemalloc
 from dataclasses import dataclass
 
-import pyarrow as pa
-
 from state.config import parse_quota_config
 from state.core import QuotaCore
 from state.events import EventBounds
 from state.shard import ShardState
 from state.throttle_timers import ThrottleTimers
-from streaming.engine.stages import (
-    KafkaRecords,
-    StageSettings,
-    group_rows,
-    staged_batches,
-    update_shard,
-)
+from streaming.engine.stages import KafkaRecords, StageSettings, update_shard
 from tests.factories import BASE, produce
+from tests.stage_runs import shard_inputs
 
 GENERATIONS = 14
 BATCHES_PER_GENERATION = 2
@@ -125,13 +118,10 @@ def run_soak(
                     "events", 0, list(range(offset, offset + len(values))), list(values), 0
                 )
                 offset += len(values)
-                rows = pa.Table.from_batches(list(staged_batches(records, stage))).to_pandas()
-                for shard, group in rows.groupby("shard"):
-                    update = update_shard(
-                        states.get(int(shard)), group_rows([group]), stage, int(shard), clock.now_ms
-                    )
+                for shard, rows in shard_inputs([records], stage).items():
+                    update = update_shard(states.get(shard), rows, stage, shard, clock.now_ms)
                     if update.state is not None:
-                        states[int(shard)] = update.state
+                        states[shard] = update.state
             gc.collect()
             entities, state_bytes, pending = measure(states)
             samples.append(

@@ -34,13 +34,13 @@ from streaming.engine.stages import (
     TIMERS,
     KafkaRecords,
     StageSettings,
-    group_rows,
     staged_batches,
     unpacked,
     update_shard,
 )
 from tests.expected import final_decisions
 from tests.factories import BASE, MIXED_QUOTAS, mixed_payloads, produce, remote_segment
+from tests.stage_runs import shard_inputs
 
 CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
 SETTINGS = StageSettings(CONFIG, EventBounds(), 65_536, shards=4)
@@ -86,30 +86,24 @@ def batched(values: list[bytes], sizes: list[int]) -> list[bytes]:
     return messages
 
 
-def spark_chunks(rows: pd.DataFrame, size: int) -> list[pd.DataFrame]:
-    """``rows`` as Spark hands a group to the stateful function: in chunks, each converted from
-    Arrow on its own, integer columns with nulls as objects."""
+def reads_of(values: list[bytes], reads: int) -> list[KafkaRecords]:
+    """``values`` as up to ``reads`` consecutive reads of one partition."""
+    size = max(1, -(-len(values) // reads))
     return [
-        pa.Table.from_pandas(
-            rows.iloc[first : first + size], schema=STAGE_SCHEMA, preserve_index=False
-        ).to_pandas(integer_object_nulls=True)
-        for first in range(0, len(rows), size)
+        kafka_records(values[first : first + size], first) for first in range(0, len(values), size)
     ]
 
 
 def run_stages(
-    micro_batches: list[list[bytes]], chunk_rows: int = 7
+    micro_batches: list[list[bytes]], reads: int = 1
 ) -> tuple[pd.DataFrame, dict[int, ShardState]]:
-    """Both stages over successive micro-batches, as Spark would run them per shard."""
+    """Both stages over successive micro-batches, as the query runs them per shard."""
     states: dict[int, ShardState] = {}
     latest: dict[tuple[str, str], dict[Hashable, object]] = {}
     rejects = []
     for values in micro_batches:
-        rows = staged(values, SETTINGS)
-        for _, group in rows.groupby("shard"):
-            shard = int(group["shard"].iloc[0])
-            chunks = group_rows(spark_chunks(group, chunk_rows))
-            update = update_shard(states.get(shard), chunks, SETTINGS, shard, NOW)
+        for shard, rows in shard_inputs(reads_of(values, reads), SETTINGS).items():
+            update = update_shard(states.get(shard), rows, SETTINGS, shard, NOW)
             if update.state is not None:  # the dead-letter group keeps none
                 states[shard] = update.state
             for record in update.rows.to_dict(orient="records"):
@@ -127,18 +121,18 @@ def run_stages(
     seed=st.integers(0, 10**6),
     cuts=st.lists(st.integers(1, 149), max_size=4),
     message_sizes=st.lists(st.integers(1, 40), max_size=4),
-    chunk_rows=st.integers(1, 200),
+    reads=st.integers(1, 6),
 )
 def test_streaming_stages_reach_the_same_final_decisions_as_replay(
-    seed: int, cuts: list[int], message_sizes: list[int], chunk_rows: int
+    seed: int, cuts: list[int], message_sizes: list[int], reads: int
 ) -> None:
-    """Whatever the micro-batch splits, the chunks Spark hands a shard in, and whether events
+    """Whatever the micro-batch splits, the reads a batch is packed in, and whether events
     come one per message or batched."""
     values = payloads(seed, 150, span_ms=10_000)
     messages = batched(values, message_sizes)
     bounds = [0, *sorted({cut % len(messages) for cut in cuts}), len(messages)]
     micro_batches = [messages[a:b] for a, b in itertools.pairwise(bounds) if b > a]
-    streamed, _ = run_stages(micro_batches, chunk_rows)
+    streamed, _ = run_stages(micro_batches, reads)
     expected = final_decisions(values, CONFIG)
     key = ["quota", "entity"]
     got = streamed.set_index(key).sort_index()
@@ -148,14 +142,19 @@ def test_streaming_stages_reach_the_same_final_decisions_as_replay(
         assert got[column].tolist() == pytest.approx(want[column].tolist()), column
 
 
-def test_a_shards_chunks_join_into_the_rows_pandas_would_give() -> None:
-    rows = staged(payloads(3, 200), SETTINGS)
-    chunks = spark_chunks(rows, 9)
-    joined = group_rows(chunks)
-    expected = pd.concat(chunks, ignore_index=True)
-    assert list(joined.columns) == list(expected.columns)
-    for name in expected.columns:
-        pd.testing.assert_series_equal(joined[name], expected[name], check_dtype=False, obj=name)
+def test_a_shard_is_given_every_read_s_rows_of_it_in_order() -> None:
+    values = payloads(3, 200)
+    reads = reads_of(values, 3)
+    staged_rows = pa.Table.from_batches(
+        [batch for read in reads for batch in staged_batches(read, SETTINGS)], STAGE_SCHEMA
+    ).to_pandas(integer_object_nulls=True)
+    given = shard_inputs(reads, SETTINGS)
+    assert sorted(given) == sorted(staged_rows["shard"].unique())
+    assert -1 in given
+    for shard, rows in given.items():
+        expected = staged_rows[staged_rows["shard"] == shard].reset_index(drop=True)
+        # Integer columns are objects only where the shard's own rows have nulls.
+        pd.testing.assert_frame_equal(rows, expected, check_dtype=False, obj=f"shard {shard}")
 
 
 def test_a_shards_output_has_no_all_none_object_column() -> None:

@@ -20,7 +20,6 @@ The names and labels are :mod:`streaming.engine.metric_names`.
 from __future__ import annotations
 
 import logging
-import math
 import tempfile
 import threading
 import time
@@ -51,12 +50,11 @@ from streaming.engine.metric_names import (
     EVENT_LAG,
     INPUT_BACKLOG,
     INPUT_EVENTS,
-    INPUT_ROWS_PER_SECOND,
     KAFKA_OUTAGE,
     KAFKA_OUTAGES,
     LAST_BATCH_TIMESTAMP,
     METRICS,
-    PROCESSED_ROWS_PER_SECOND,
+    PROCESSED_RECORDS_PER_SECOND,
     QUOTA_LIMIT,
     QUOTA_REQUESTS,
     QUOTA_UTILISATION,
@@ -127,9 +125,10 @@ class EngineMetrics:
             "Micro-batch trigger execution time",
             buckets=BATCH_DURATION_BUCKETS,
         )
-        self.input_rate = declare(Gauge, INPUT_ROWS_PER_SECOND, "Input rows per second, last batch")
         self.processed_rate = declare(
-            Gauge, PROCESSED_ROWS_PER_SECOND, "Processed rows per second, last batch"
+            Gauge,
+            PROCESSED_RECORDS_PER_SECOND,
+            "Kafka records the last batch read, per second of its run",
         )
         self.event_lag = declare(
             Gauge,
@@ -243,13 +242,14 @@ class EngineMetrics:
         duration_ms = (progress.get("durationMs") or {}).get("triggerExecution")
         if duration_ms is not None:
             self.batch_duration.observe(duration_ms / 1000)
-        # Spark's input rows are the source's staged rows (sums, rejects), not Kafka records.
-        self.input_events.inc(
-            sum(
-                records_read(source.get("startOffset"), source.get("endOffset"), self.event_topics)
-                for source in progress.get("sources") or ()
-            )
+        # Spark's input rows are the source's packs of staged rows, not Kafka records.
+        records = sum(
+            records_read(source.get("startOffset"), source.get("endOffset"), self.event_topics)
+            for source in progress.get("sources") or ()
         )
+        self.input_events.inc(records)
+        if duration_ms:
+            self.processed_rate.set(records / (duration_ms / 1000))
         with self._lock:
             for source in progress.get("sources") or ():
                 read = checkpoint_offsets(source.get("endOffset")) or {}
@@ -258,8 +258,6 @@ class EngineMetrics:
                     for tp, offset in read.items()
                     if self.event_topics is None or tp[0] in self.event_topics
                 )
-        self.input_rate.set(_finite(progress.get("inputRowsPerSecond")))
-        self.processed_rate.set(_finite(progress.get("processedRowsPerSecond")))
         for source in progress.get("sources") or ():
             for loss in lost_offsets(source.get("startOffset"), source.get("endOffset")):
                 log.warning(
@@ -330,11 +328,6 @@ def _declared(
     if kind.__name__.lower() != declared_kind:
         raise TypeError(f"{name} is a {declared_kind} in METRICS, not a {kind.__name__}")
     return kind(name, documentation, labels, registry=registry, **options)
-
-
-def _finite(value: Any) -> float:
-    number = float(value or 0.0)
-    return number if math.isfinite(number) else 0.0
 
 
 class _EntityCollector(Collector):

@@ -4,13 +4,14 @@
 
     quotastream-kafka source (offsets in the checkpoint); each read, on its executor, stages
       its records: validate, resolve entity, sum per (entity, sample)     (staged_batches)
+      and packs them per shard: one Arrow stream per read chunk and shard (packed_by_shard)
       -> groupBy(shard).applyInPandasWithState: update_shard    one state value per shard,
                                                   its output rows packed as one Arrow stream
       -> foreachBatch: mapInArrow(write_packed) on the executors  -> Redis, dead-letter topic
                        (with metrics: a bounded summary back to the driver -> Prometheus)
 
-A record crosses from Python into the JVM once, already summed: the source's rows are usage
-sums and rejects, never raw payloads.
+A record crosses from Python into the JVM once, already summed: the source's rows are packed
+usage sums and rejects, never raw payloads, and Spark never converts them row by row.
 """
 
 from __future__ import annotations
@@ -42,16 +43,14 @@ from streaming.engine.settings import EngineSettings, KafkaSettings
 from streaming.engine.sinks import WRITE_COUNTS, WRITE_SUMMARY, SinkSettings, write_packed
 from streaming.engine.stages import (
     PACKED_SCHEMA,
-    STAGE_SCHEMA,
     StageSettings,
-    group_rows,
+    shard_rows,
     update_shard,
 )
 
 log = logging.getLogger(__name__)
 
 STATE_SCHEMA = "tables binary, timers binary, remote_log binary, written binary"
-_NO_ROWS = pd.DataFrame(columns=STAGE_SCHEMA.names)
 
 
 def local_spark(settings: EngineSettings, app_name: str = "quotastream") -> SparkSession:
@@ -210,9 +209,8 @@ def _check_config_log(settings: EngineSettings, config: QuotaConfig) -> None:
 def _update_group(
     key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: GroupState, stage: StageSettings
 ) -> Iterator[pd.DataFrame]:
-    # Empty frames are dropped first: pandas deprecates their part in the result's dtypes.
-    given = [frame for frame in frames if len(frame)] if not state.hasTimedOut else []
-    rows = group_rows(given) if given else _NO_ROWS
+    packed = [] if state.hasTimedOut else [blob for frame in frames for blob in frame["rows"]]
+    rows = shard_rows(packed)
     # The batch's time, kept in the checkpoint: a replayed batch fires the same timers.
     now_ms = int(state.getCurrentProcessingTimeMs())
     previous = ShardState(*state.get) if state.exists else None

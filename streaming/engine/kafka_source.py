@@ -3,7 +3,8 @@
 Spark's JVM Kafka connector is not always available, so quotastream reads Kafka itself, and
 decides where the event enters: each read parses, validates, resolves and sums its records on
 the executor that fetched them (``streaming.engine.stages.staged_batches``), so the source's rows
-are usage sums, segment events and rejects, and raw payloads never cross into the JVM.
+are usage sums, segment events and rejects, and raw payloads never cross into the JVM; and packs
+them per shard (one row per read chunk and shard), so Spark moves a few values, not each row.
 
 * offsets per topic-partition live in Spark's checkpoint (``streaming.engine.offsets``), so a
   restarted query replays exactly the ranges of the batch it did not finish;
@@ -71,7 +72,13 @@ from streaming.engine.offsets import (
     to_json,
 )
 from streaming.engine.source_status import write_status
-from streaming.engine.stages import STAGE_SCHEMA, KafkaRecords, StageSettings, staged_batches
+from streaming.engine.stages import (
+    STAGED_SCHEMA,
+    KafkaRecords,
+    StageSettings,
+    packed_by_shard,
+    staged_batches,
+)
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +123,7 @@ class KafkaSource(DataSource):
 
     @override
     def schema(self) -> StructType:
-        return from_arrow_schema(STAGE_SCHEMA)
+        return from_arrow_schema(STAGED_SCHEMA)
 
     @override
     def streamReader(self, schema: StructType) -> KafkaStreamReader:
@@ -273,11 +280,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # ------------------------------------------------------------------ worker side
     @override
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """The staged rows (``STAGE_SCHEMA``) of one planned range's records."""
+        """The staged rows of one planned range's records, packed per shard (``STAGED_SCHEMA``)."""
         if self.stage is None:
             raise TypeError("this reader has no stage settings: use records()")
         for records in self.records(partition.value):
-            yield from staged_batches(records, self.stage)
+            yield from packed_by_shard(staged_batches(records, self.stage))
 
     def records(self, task: ReadTask) -> Iterator[KafkaRecords]:
         """The records of a read task's ranges, in chunks."""

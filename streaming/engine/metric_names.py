@@ -24,8 +24,7 @@ DEAD_LETTER_EVENTS = "quotastream_dead_letter_events_total"
 INPUT_EVENTS = "quotastream_input_events_total"
 QUOTA_REQUESTS = "quotastream_requests_total"
 BATCH_DURATION = "quotastream_batch_duration_seconds"
-INPUT_ROWS_PER_SECOND = "quotastream_input_rows_per_second"
-PROCESSED_ROWS_PER_SECOND = "quotastream_processed_rows_per_second"
+PROCESSED_RECORDS_PER_SECOND = "quotastream_processed_records_per_second"
 EVENT_LAG = "quotastream_event_lag_seconds"
 CONFIG_VERSION = "quotastream_config_version"
 LAST_BATCH_TIMESTAMP = "quotastream_last_batch_timestamp_seconds"
@@ -66,8 +65,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     INPUT_EVENTS: ("counter", ()),
     QUOTA_REQUESTS: ("counter", ("quota",)),
     BATCH_DURATION: ("histogram", ()),
-    INPUT_ROWS_PER_SECOND: ("gauge", ()),
-    PROCESSED_ROWS_PER_SECOND: ("gauge", ()),
+    PROCESSED_RECORDS_PER_SECOND: ("gauge", ()),
     EVENT_LAG: ("gauge", ()),
     CONFIG_VERSION: ("gauge", ()),
     LAST_BATCH_TIMESTAMP: ("gauge", ()),
