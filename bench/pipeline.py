@@ -463,7 +463,7 @@ def piece_costs(
             for shard, packed in zip(shards, by_shard.column("rows").to_pylist(), strict=True):
                 update = update_shard(states.get(shard), shard_rows([packed]), stage, shard, now)
                 states[shard] = update.state
-                decisions.extend(update.batches())
+                decisions.extend(update.batches)
         return decisions
 
     for messages in before:

@@ -297,10 +297,10 @@ class QuotaCore:
         """
         size = len(resolved)
         resolved = _with_defaults(resolved)
-        quota_codes = resolved["quota"].astype(QUOTA_DTYPE).cat.codes.to_numpy()
-        entity = resolved["entity"].astype("category").cat
-        entity_codes = entity.codes.to_numpy()
-        entity_names = entity.categories.to_numpy(dtype=object)
+        quota = resolved["quota"].astype(QUOTA_DTYPE)
+        quota_codes = quota.cat.codes.to_numpy()
+        # Unsorted: the names are only looked up by code (sorting them costs more than hashing).
+        entity_codes, entity_names = pd.factorize(resolved["entity"].to_numpy(dtype=object))
         ts = resolved["ts"].to_numpy().astype(np.int64, copy=False)
         counted = resolved["counted_bytes"].to_numpy().astype(np.int64, copy=False)
         limit = resolved["limit"].to_numpy().astype(np.float64, copy=False)
@@ -310,7 +310,7 @@ class QuotaCore:
             "position": resolved["position"].to_numpy(),
             "ts": ts,
             "kind": resolved["kind"].array,
-            "quota": resolved["quota"].astype(QUOTA_DTYPE).array,
+            "quota": quota.array,
             "entity": resolved["entity"].array,
             "rate": np.full(size, np.nan),
             "limit": np.where(np.isinf(limit), np.nan, limit),

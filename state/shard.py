@@ -196,9 +196,9 @@ class Shard:
         """The windows of the entities ``usage`` touches; the others stay encoded."""
         if self._tables is None:
             return QuotaCore(self.config)
-        quota = usage["quota"].astype(str).to_numpy()
-        entity = usage["entity"].astype(str).to_numpy(dtype=object)
-        touched = {QuotaType(name): entity[quota == name] for name in np.unique(quota).tolist()}
+        quota = usage["quota"].to_numpy(dtype=object)
+        entity = usage["entity"].to_numpy(dtype=object)
+        touched = {QuotaType(name): entity[quota == name] for name in pd.unique(quota).tolist()}
         return QuotaCore.restore(self.config, self._tables, touched)
 
 

@@ -220,7 +220,7 @@ class UnkilledRun:
             assert update.wake_at_ms is None, f"batch {batch.batch_id}: a throttle is pending"
             if update.state is not None:
                 self.states[shard] = update.state
-            for part in update.batches():
+            for part in update.batches:
                 is_decision = pc.equal(part.column("row_type"), DECISION)
                 decisions = part.filter(pc.and_kleene(is_decision, part.column("write")))
                 for value in map(json.loads, decision_values(decisions)):

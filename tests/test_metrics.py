@@ -431,7 +431,7 @@ def test_requests_are_the_accepted_events_count_summed_per_quota() -> None:
     written = [
         row
         for shard, rows in shard_inputs([records], stage).items()
-        for batch in update_shard(None, rows, stage, shard, BASE + 10_000).batches()
+        for batch in update_shard(None, rows, stage, shard, BASE + 10_000).batches
         for row in writer_summary(batch, request, written_at=BASE + 10_000)
     ]
     assert sum(row["kind"] == "summary" for row in written) > 1  # several writers to merge

@@ -235,7 +235,7 @@ def test_unlimited_is_null_from_the_core_to_every_reader() -> None:
     staged = staged_batches(KafkaRecords("events", 0, [0], [event], 0), stage)
     rows = pa.Table.from_batches(list(staged)).to_pandas()
     update = update_shard(None, rows, stage, 0, stage.now_ms())
-    table = pa.Table.from_batches(update.batches())
+    table = pa.Table.from_batches(update.batches)
     decisions = table.filter(pc.equal(table.column("row_type"), DECISION)).combine_chunks()
     (decisions,) = decisions.to_batches()
     assert decisions.column("limit").to_pylist() == [None]

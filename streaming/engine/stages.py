@@ -23,7 +23,6 @@ import json
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -167,8 +166,7 @@ def staged_batches(records: KafkaRecords, settings: StageSettings) -> Iterator[p
     parsed = parse_events(payloads, bounds, settings.max_payload_bytes)
     is_segment = parsed.accepted["kind"].isin(STORAGE_KINDS).to_numpy()
     if is_segment.any():
-        segments = _segments(parsed.accepted[is_segment], settings)
-        yield pa.RecordBatch.from_pandas(segments, schema=STAGE_SCHEMA, preserve_index=False)
+        yield from arrow_rows(_segments(parsed.accepted[is_segment], settings), STAGE_SCHEMA)
     if len(parsed.accepted):
         live = settings.live(records.config_version)
         core = QuotaCore(live.config)
@@ -180,14 +178,14 @@ def staged_batches(records: KafkaRecords, settings: StageSettings) -> Iterator[p
             records.config_version,
         )
         if len(usage):
-            yield pa.RecordBatch.from_pandas(usage, schema=STAGE_SCHEMA, preserve_index=False)
+            yield from arrow_rows(usage, STAGE_SCHEMA)
     if len(parsed.rejected):
         yield _rejects(records, parsed.rejected)
 
 
 def packed_by_shard(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """STAGE_SCHEMA batches as STAGED_SCHEMA: one row per shard, holding its rows packed
-    (:func:`shard_rows` unpacks a shard's)."""
+    """STAGE_SCHEMA batches as STAGED_SCHEMA: a row per shard (more for a shard whose rows
+    exceed :data:`PACK_BYTES`), holding its rows packed (:func:`shard_rows` unpacks them)."""
     table = pa.Table.from_batches(list(batches), STAGE_SCHEMA)
     if not table.num_rows:
         return
@@ -196,13 +194,18 @@ def packed_by_shard(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatc
     by_shard = table.take(order)
     ids, starts = np.unique(shards[order], return_index=True)
     ends = [*starts[1:], table.num_rows]
-    packed = [
-        arrow_stream(by_shard.slice(start, end - start).to_batches(), STAGE_SCHEMA)
-        for start, end in zip(starts, ends, strict=True)
+    pieces = [
+        (int(shard), piece)
+        for shard, start, end in zip(ids, starts, ends, strict=True)
+        for piece in bounded(by_shard.slice(start, end - start))
     ]
-    yield pa.RecordBatch.from_arrays(
-        [pa.array(ids, pa.int32()), pa.array(packed, pa.binary())], schema=STAGED_SCHEMA
-    )
+    first = 0
+    for packed in arrow_streams(piece for _, piece in pieces):
+        owners = [shard for shard, _ in pieces[first : first + len(packed)]]
+        first += len(packed)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(owners, pa.int32()), packed], schema=STAGED_SCHEMA
+        )
 
 
 def shard_rows(packed: Iterable[bytes]) -> pd.DataFrame:
@@ -215,14 +218,43 @@ def shard_rows(packed: Iterable[bytes]) -> pd.DataFrame:
     return rows
 
 
-def arrow_stream(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> bytes:
-    """``batches`` as one Arrow IPC stream (:func:`stream_batches` reads it)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema) as writer:
-        for batch in batches:
-            writer.write_batch(batch)
-    packed: bytes = sink.getvalue().to_pybytes()
-    return packed
+#: At most this many bytes of Arrow data in one pack (unless one row has more), and about as
+#: many in one batch of packs: a pack is a binary value in Spark, and an Arrow binary column
+#: addresses at most 2 GiB.
+PACK_BYTES = 64 << 20
+BATCH_OF_PACKS_BYTES = 1 << 30
+
+
+def bounded(table: pa.Table) -> Iterator[pa.Table]:
+    """``table`` in consecutive slices of at most :data:`PACK_BYTES` (or one row)."""
+    if table.nbytes <= PACK_BYTES or table.num_rows <= 1:
+        yield table
+        return
+    half = table.num_rows // 2
+    yield from bounded(table.slice(0, half))
+    yield from bounded(table.slice(half))
+
+
+def arrow_streams(tables: Iterable[pa.Table]) -> Iterator[pa.BinaryArray]:
+    """Each table as one Arrow IPC stream (:func:`stream_batches` reads one), in binary arrays
+    of about :data:`BATCH_OF_PACKS_BYTES` at most. The streams are written one after another
+    into the arrays' data buffer, never copied one by one."""
+    sink, ends = pa.BufferOutputStream(), [0]
+    for table in tables:
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        ends.append(sink.tell())
+        if ends[-1] >= BATCH_OF_PACKS_BYTES:
+            yield _binary_array(ends, sink.getvalue())
+            sink, ends = pa.BufferOutputStream(), [0]
+    if len(ends) > 1:
+        yield _binary_array(ends, sink.getvalue())
+
+
+def _binary_array(ends: list[int], data: pa.Buffer) -> pa.BinaryArray:
+    offsets = pa.array(ends, pa.int32()).buffers()[1]
+    array: pa.BinaryArray = pa.Array.from_buffers(pa.binary(), len(ends) - 1, [None, offsets, data])
+    return array
 
 
 def stream_batches(packed: bytes | bytearray | pa.Buffer) -> list[pa.RecordBatch]:
@@ -289,7 +321,7 @@ def _usage(
     summed = summed.drop(columns="sample")
     summed.insert(0, "row_type", USAGE)
     summed.insert(1, "shard", shard_of(summed["entity"], settings.shards))
-    return _stage_rows(summed)
+    return summed
 
 
 def _segments(events: pd.DataFrame, settings: StageSettings) -> pd.DataFrame:
@@ -321,49 +353,31 @@ def _segments(events: pd.DataFrame, settings: StageSettings) -> pd.DataFrame:
             "log_end_offset": events["log_end_offset"].to_numpy(),
         }
     )
-    return _stage_rows(rows)
+    return rows
 
 
-def _stage_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    """``rows`` with every STAGE_SCHEMA column, in order; the columns it lacks are null."""
-    return _with_columns(rows, STAGE_SCHEMA)
-
-
-def _with_columns(rows: pd.DataFrame, schema: pa.Schema) -> pd.DataFrame:
-    """``rows`` with exactly ``schema``'s columns, in order; the columns it lacks are null.
-
-    Null columns are typed (nullable integers, booleans and strings, NaN floats), never
-    objects: Spark concatenates the frames of all shards in a task, and pandas checks each
-    value of an all-None object column one by one (about 1 s of a batch at 1M clients,
-    docs/streaming.md)."""
-    nulls = {
-        field.name: _nulls(field.type, len(rows))
+def arrow_rows(rows: pd.DataFrame, schema: pa.Schema) -> list[pa.RecordBatch]:
+    """``rows`` as ``schema``'s record batches: the columns it has, converted; the others (and
+    its all-None ones) null. Nulls are made in Arrow: as pandas objects, Arrow would check
+    each one (about 1 s of a batch at 1M clients, docs/streaming.md)."""
+    given = [
+        field
         for field in schema
-        if field.name not in rows or _all_none(rows[field.name])
-    }
-    ordered: pd.DataFrame = rows.assign(**nulls)[schema.names]
-    return ordered
-
-
-def _all_none(column: pd.Series) -> bool:
-    return column.dtype == object and bool(column.isna().all())
-
-
-#: The pandas dtypes that hold nulls of these Arrow types without becoming objects.
-_NULLABLE_DTYPES: dict[pa.DataType, Any] = {
-    pa.int32(): pd.Int32Dtype(),
-    pa.int64(): pd.Int64Dtype(),
-    pa.bool_(): pd.BooleanDtype(),
-    pa.string(): pd.ArrowDtype(pa.string()),
-    pa.binary(): pd.ArrowDtype(pa.binary()),
-}
-
-
-def _nulls(arrow_type: pa.DataType, size: int) -> pd.api.extensions.ExtensionArray:
-    nulls: pd.api.extensions.ExtensionArray = (
-        pa.nulls(size, arrow_type).to_pandas(types_mapper=_NULLABLE_DTYPES.get).array
+        if field.name in rows and not (rows[field.name].dtype == object and _all_none(rows, field))
+    ]
+    converted = pa.Table.from_pandas(
+        rows[[field.name for field in given]], schema=pa.schema(given), preserve_index=False
     )
-    return nulls
+    columns = [
+        converted.column(field.name) if field in given else pa.nulls(len(rows), field.type)
+        for field in schema
+    ]
+    batches: list[pa.RecordBatch] = pa.Table.from_arrays(columns, schema=schema).to_batches()
+    return batches
+
+
+def _all_none(rows: pd.DataFrame, field: pa.Field) -> bool:
+    return bool(rows[field.name].isna().all())
 
 
 def _modes(resolved: pd.DataFrame, config: QuotaConfig) -> npt.NDArray[np.object_]:
@@ -451,30 +465,23 @@ PACKED_SCHEMA = pa.schema([("rows", pa.binary())])
 @dataclass(frozen=True)
 class ShardUpdate:
     state: ShardState | None  # None for the dead-letter group, which keeps no state
-    #: DECISION_SCHEMA frames, one per kind of row, converted to Arrow one by one
+    #: DECISION_SCHEMA record batches: each kind of row converted to Arrow on its own
     #: (concatenating frames of different columns costs pandas a check per value).
-    parts: list[pd.DataFrame]
+    batches: list[pa.RecordBatch]
     #: When the shard's earliest pending timer bucket is due (None: no timers).
     wake_at_ms: int | None
 
-    def batches(self) -> list[pa.RecordBatch]:
-        """The parts as Spark converts them: DECISION_SCHEMA record batches."""
-        return [
-            batch
-            for part in self.parts
-            for batch in pa.Table.from_pandas(
-                part, schema=DECISION_SCHEMA, preserve_index=False
-            ).to_batches()
-        ]
-
     def packed(self) -> pd.DataFrame:
-        """The batches as one PACKED_SCHEMA row (:func:`unpacked` reads it)."""
-        return pd.DataFrame({"rows": [arrow_stream(self.batches(), DECISION_SCHEMA)]})
+        """The batches as PACKED_SCHEMA rows, one unless they exceed :data:`PACK_BYTES`
+        (:func:`unpacked` reads them)."""
+        table = pa.Table.from_batches(self.batches, DECISION_SCHEMA)
+        packs = [pack for packed in arrow_streams(bounded(table)) for pack in packed.to_pylist()]
+        return pd.DataFrame({"rows": packs})
 
     @property
     def rows(self) -> pd.DataFrame:
         """All parts in one frame, typed as Spark types them (for tests and tools)."""
-        rows: pd.DataFrame = pa.Table.from_batches(self.batches(), DECISION_SCHEMA).to_pandas()
+        rows: pd.DataFrame = pa.Table.from_batches(self.batches, DECISION_SCHEMA).to_pandas()
         return rows
 
 
@@ -566,6 +573,6 @@ def _epochs(column: pd.Series) -> npt.NDArray[np.object_]:
     return epochs
 
 
-def _decision_rows(parts: list[pd.DataFrame]) -> list[pd.DataFrame]:
-    """The non-empty ``parts`` with every DECISION_SCHEMA column, in order (null if absent)."""
-    return [_with_columns(part, DECISION_SCHEMA) for part in parts if len(part)]
+def _decision_rows(parts: list[pd.DataFrame]) -> list[pa.RecordBatch]:
+    """The non-empty ``parts`` as DECISION_SCHEMA record batches."""
+    return [batch for part in parts if len(part) for batch in arrow_rows(part, DECISION_SCHEMA)]
