@@ -16,8 +16,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from operator import attrgetter
-from typing import Annotated, Any, ClassVar, Final, Literal, NamedTuple
+from operator import attrgetter, methodcaller
+from typing import Annotated, Any, ClassVar, Final, Literal, NamedTuple, cast
 
 import msgspec
 import numpy as np
@@ -262,9 +262,7 @@ def parse_events(
     broker's ``message.max.bytes``.
     """
     events = _split_batched(payloads, max_payload_bytes)
-    undecided = [number for number, result in enumerate(events.results) if result is None]
-    decoded = iter(_decode_all([events.payload(number) for number in undecided]))
-    results = [result if result is not None else next(decoded) for result in events.results]
+    results = _decoded(events)
     type_code = np.fromiter(map(_TYPE_CODE.__getitem__, map(type, results)), np.int8, len(results))
     by_type = {
         event_type: _pick(results, np.flatnonzero(type_code == code))
@@ -287,6 +285,16 @@ def parse_events(
         frame["index"] = events.index[numbers]
         frame["position"] = events.message[numbers]
     return ParsedEvents(accepted=accepted, rejected=rejected_frame)
+
+
+def _decoded(events: _Split) -> list[_Event | _Rejected]:
+    """Every event decoded (or rejected): those still to decode are decoded here."""
+    if events.results.count(None) == len(events.results):
+        # Every event still to decode: each is a message of its own, its bytes all there.
+        return _decode_all(cast(list[bytes], events.payloads))
+    undecided = [number for number, result in enumerate(events.results) if result is None]
+    decoded = iter(_decode_all([events.payload(number) for number in undecided]))
+    return [result if result is not None else next(decoded) for result in events.results]
 
 
 @dataclass(frozen=True)
@@ -316,6 +324,8 @@ _EVENTS = msgspec.json.Decoder(
     list[Produce | Fetch | RemoteCopy | RemoteFetch | Replication | RemoteSegment | LeaderEpochs]
 )
 _JSON_WHITESPACE = b" \t\r\n"
+_STARTS_ARRAY = methodcaller("startswith", b"[")
+_STARTS_SPACED = methodcaller("startswith", tuple(bytes([char]) for char in _JSON_WHITESPACE))
 
 
 def _split_batched(payloads: Sequence[bytes], max_payload_bytes: int) -> _Split:
@@ -329,10 +339,16 @@ def _split_batched(payloads: Sequence[bytes], max_payload_bytes: int) -> _Split:
     events: list[bytes | None] = []
     message: list[int] = []
     index: list[int] = []
-    for position, payload in enumerate(payloads):
-        batched = payload[:1] == b"[" or (
-            payload[:1] in _JSON_WHITESPACE and payload.lstrip()[:1] == b"["
-        )
+    done = 0
+    for position in _not_plain(payloads, max_payload_bytes).tolist():
+        # The plain messages before it (one event each, to decode): appended as a run.
+        results.extend([None] * (position - done))
+        events.extend(payloads[done:position])
+        message.extend(range(done, position))
+        index.extend([-1] * (position - done))
+        done = position + 1
+        payload = payloads[position]
+        batched = _is_batched(payload)
         if batched and len(payload) <= max_payload_bytes:
             # Every element is within the limit: one call decodes them all, if all are good.
             try:
@@ -368,6 +384,11 @@ def _split_batched(payloads: Sequence[bytes], max_payload_bytes: int) -> _Split:
             raw = bytes(element)
             results.append(_too_large(raw, max_payload_bytes))
             events.append(raw)
+    rest = len(payloads) - done
+    results.extend([None] * rest)
+    events.extend(payloads[done:])
+    message.extend(range(done, len(payloads)))
+    index.extend([-1] * rest)
     return _Split(
         payloads,
         results,
@@ -375,6 +396,23 @@ def _split_batched(payloads: Sequence[bytes], max_payload_bytes: int) -> _Split:
         np.array(message, dtype=np.int64),
         np.array(index, dtype=np.int64),
     )
+
+
+def _not_plain(payloads: Sequence[bytes], max_payload_bytes: int) -> npt.NDArray[np.intp]:
+    """The positions of the messages that are batched (a JSON array) or over the limit: the
+    others are one event each, to decode as they are (found without a Python loop)."""
+    count = len(payloads)
+    too_large = np.fromiter(map(len, payloads), np.int64, count) > max_payload_bytes
+    array = np.fromiter(map(_STARTS_ARRAY, payloads), np.bool_, count)
+    spaced = np.fromiter(map(_STARTS_SPACED, payloads), np.bool_, count)
+    for position in np.flatnonzero(spaced).tolist():
+        array[position] = _is_batched(payloads[position])
+    return np.flatnonzero(array | too_large)
+
+
+def _is_batched(payload: bytes) -> bool:
+    """A JSON array (maybe after whitespace): a batched message."""
+    return payload[:1] == b"[" or (payload[:1] in _JSON_WHITESPACE and payload.lstrip()[:1] == b"[")
 
 
 def _too_large(payload: bytes, max_payload_bytes: int) -> _Rejected | None:
