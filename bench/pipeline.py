@@ -193,7 +193,7 @@ def throughput(
         spark,
         settings(kafka, redis_server, topic, max_offsets=events_per_batch // per_message),
     )
-    messages = sum(p["numInputRows"] for p in progress)
+    messages = sum(_messages_read(p) for p in progress)
     batch_ms = sum(p["durationMs"]["triggerExecution"] for p in progress)
     breakdown: dict[str, int] = {}
     for p in progress:
@@ -212,13 +212,17 @@ def throughput(
     }
 
 
+def _messages_read(progress: dict[str, Any]) -> int:
+    """Kafka records a batch read (Spark's input rows are the source's packs of them)."""
+    source = progress["sources"][0]
+    return records_read(source["startOffset"], source["endOffset"])
+
+
 def _after_first(progress: list[dict[str, Any]], per_message: int) -> int | None:
     later = progress[1:]
     if not later:
         return None
-    messages = sum(
-        records_read(p["sources"][0]["startOffset"], p["sources"][0]["endOffset"]) for p in later
-    )
+    messages = sum(_messages_read(p) for p in later)
     seconds = float(sum(p["durationMs"]["triggerExecution"] for p in later)) / 1000
     return round(messages * per_message / seconds)
 

@@ -35,6 +35,7 @@ from results import record  # bench/ is on sys.path when a script in it runs
 
 from state.config import parse_quota_config
 from streaming.engine.job import local_spark, start_query
+from streaming.engine.offsets import records_read
 from streaming.engine.settings import EngineSettings
 from streaming.kafka_broker import start_kafka
 from streaming.services import start_redis
@@ -122,7 +123,11 @@ def sample(query: Any, began: float, after_batch: int) -> dict[str, Any]:
         "driver_python_mb": round(rss_mb(me)),
         "state_memory_bytes": state.get("memoryUsedBytes"),
         "batch_ms": [p["durationMs"].get("triggerExecution") for p in progress],
-        "input_rows": sum(p["numInputRows"] for p in progress),
+        # Kafka records read (Spark's input rows are the source's packs of them).
+        "input_records": sum(
+            records_read(p["sources"][0]["startOffset"], p["sources"][0]["endOffset"])
+            for p in progress
+        ),
         "last_batch": progress[-1]["batchId"] if progress else after_batch,
     }
 
