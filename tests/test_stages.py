@@ -24,6 +24,7 @@ from state.live_config import (
 )
 from state.quota_types import QuotaType
 from state.shard import ShardState
+from streaming.engine import stages
 from streaming.engine.stages import (
     DECISION,
     DECISION_SCHEMA,
@@ -40,7 +41,7 @@ from streaming.engine.stages import (
 )
 from tests.expected import final_decisions
 from tests.factories import BASE, MIXED_QUOTAS, mixed_payloads, produce, remote_segment
-from tests.stage_runs import shard_inputs
+from tests.stage_runs import packs_by_shard, shard_inputs
 
 CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
 SETTINGS = StageSettings(CONFIG, EventBounds(), 65_536, shards=4)
@@ -142,9 +143,20 @@ def test_streaming_stages_reach_the_same_final_decisions_as_replay(
         assert got[column].tolist() == pytest.approx(want[column].tolist()), column
 
 
-def test_a_shard_is_given_every_read_s_rows_of_it_in_order() -> None:
+@pytest.mark.parametrize("small_packs", [False, True])
+def test_a_shard_is_given_every_read_s_rows_of_it_in_order(
+    small_packs: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also when a shard's rows exceed a pack and the packs a batch of them (a pack is one
+    binary value in Spark: both are bounded)."""
     values = payloads(3, 200)
     reads = reads_of(values, 3)
+    if small_packs:
+        monkeypatch.setattr(stages, "PACK_BYTES", 2_000)
+        monkeypatch.setattr(stages, "BATCH_OF_PACKS_BYTES", 20_000)
+        batches = list(stages.packed_by_shard(staged_batches(reads[0], SETTINGS)))
+        assert len(batches) > 1
+        assert max(len(packs) for packs in packs_by_shard(reads[:1], SETTINGS).values()) > 1
     staged_rows = pa.Table.from_batches(
         [batch for read in reads for batch in staged_batches(read, SETTINGS)], STAGE_SCHEMA
     ).to_pandas(integer_object_nulls=True)
