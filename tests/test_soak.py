@@ -23,6 +23,7 @@ from state.core import QuotaCore
 from state.events import EventBounds
 from state.shard import ShardState
 from state.throttle_timers import ThrottleTimers
+from state.written_decisions import WritePolicy
 from streaming.engine.stages import KafkaRecords, StageSettings, update_shard
 from tests.factories import BASE, produce
 from tests.stage_runs import shard_inputs
@@ -83,7 +84,7 @@ def measure(states: dict[int, ShardState]) -> tuple[int, int, int]:
     for state in states.values():
         core = QuotaCore.restore(CONFIG, state.tables)
         entities += sum(len(table) for table in core.tables.values())
-        state_bytes += len(state.tables) + len(state.timers) + len(state.remote_log)
+        state_bytes += sum(map(len, (state.tables, state.timers, state.remote_log, state.written)))
         pending += ThrottleTimers.decode(state.timers).stats().pending
     return entities, state_bytes, pending
 
@@ -102,6 +103,9 @@ def run_soak(
         shards=1,
         max_past_ms=max_past_ms,
         clock=clock,
+        # A written decision is remembered until its key expires: within the run, as an idle
+        # entity's windows are (the default, 30 s, is longer than the whole run).
+        write_policy=WritePolicy(keep_ms=WINDOW_MS),
     )
     rng = random.Random(2026)
     states: dict[int, ShardState] = {}
