@@ -339,13 +339,17 @@ def _split_batched(payloads: Sequence[bytes], max_payload_bytes: int) -> _Split:
     events: list[bytes | None] = []
     message: list[int] = []
     index: list[int] = []
+
+    def plain(start: int, stop: int) -> None:
+        """Messages ``start:stop`` are plain (one event each, to decode): appended as a run."""
+        results.extend([None] * (stop - start))
+        events.extend(payloads[start:stop])
+        message.extend(range(start, stop))
+        index.extend([-1] * (stop - start))
+
     done = 0
     for position in _not_plain(payloads, max_payload_bytes).tolist():
-        # The plain messages before it (one event each, to decode): appended as a run.
-        results.extend([None] * (position - done))
-        events.extend(payloads[done:position])
-        message.extend(range(done, position))
-        index.extend([-1] * (position - done))
+        plain(done, position)
         done = position + 1
         payload = payloads[position]
         batched = _is_batched(payload)
@@ -384,11 +388,7 @@ def _split_batched(payloads: Sequence[bytes], max_payload_bytes: int) -> _Split:
             raw = bytes(element)
             results.append(_too_large(raw, max_payload_bytes))
             events.append(raw)
-    rest = len(payloads) - done
-    results.extend([None] * rest)
-    events.extend(payloads[done:])
-    message.extend(range(done, len(payloads)))
-    index.extend([-1] * rest)
+    plain(done, len(payloads))
     return _Split(
         payloads,
         results,

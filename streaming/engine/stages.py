@@ -360,11 +360,7 @@ def arrow_rows(rows: pd.DataFrame, schema: pa.Schema) -> list[pa.RecordBatch]:
     """``rows`` as ``schema``'s record batches: the columns it has, converted; the others (and
     its all-None ones) null. Nulls are made in Arrow: as pandas objects, Arrow would check
     each one (about 1 s of a batch at 1M clients, docs/streaming.md)."""
-    given = [
-        field
-        for field in schema
-        if field.name in rows and not (rows[field.name].dtype == object and _all_none(rows, field))
-    ]
+    given = [field for field in schema if field.name in rows and not _all_none(rows[field.name])]
     converted = pa.Table.from_pandas(
         rows[[field.name for field in given]], schema=pa.schema(given), preserve_index=False
     )
@@ -376,8 +372,8 @@ def arrow_rows(rows: pd.DataFrame, schema: pa.Schema) -> list[pa.RecordBatch]:
     return batches
 
 
-def _all_none(rows: pd.DataFrame, field: pa.Field) -> bool:
-    return bool(rows[field.name].isna().all())
+def _all_none(column: pd.Series) -> bool:
+    return column.dtype == object and bool(column.isna().all())
 
 
 def _modes(resolved: pd.DataFrame, config: QuotaConfig) -> npt.NDArray[np.object_]:
@@ -480,7 +476,7 @@ class ShardUpdate:
 
     @property
     def rows(self) -> pd.DataFrame:
-        """All parts in one frame, typed as Spark types them (for tests and tools)."""
+        """All its rows in one frame, typed as Spark types them (for tests and tools)."""
         rows: pd.DataFrame = pa.Table.from_batches(self.batches, DECISION_SCHEMA).to_pandas()
         return rows
 
