@@ -289,9 +289,11 @@ def parse_events(
 
 def _decoded(events: _Split) -> list[_Event | _Rejected]:
     """Every event decoded (or rejected): those still to decode are decoded here."""
-    if events.results.count(None) == len(events.results):
+    if events.undecided == len(events.results):
         # Every event still to decode: each is a message of its own, its bytes all there.
         return _decode_all(cast(list[bytes], events.payloads))
+    if not events.undecided:  # every message was batched and decoded whole
+        return cast(list[_Event | _Rejected], events.results)
     undecided = [number for number, result in enumerate(events.results) if result is None]
     decoded = iter(_decode_all([events.payload(number) for number in undecided]))
     return [result if result is not None else next(decoded) for result in events.results]
@@ -310,6 +312,7 @@ class _Split:
     payloads: list[bytes | None]
     message: npt.NDArray[np.int64]  # per event: its message's position
     index: npt.NDArray[np.int64]  # per event: its index in a batched message, -1 if none
+    undecided: int  # how many results are None
 
     def payload(self, number: int) -> bytes:
         payload = self.payloads[number]
@@ -335,21 +338,10 @@ def _split_batched(payloads: Sequence[bytes], max_payload_bytes: int) -> _Split:
     decodes in one call; otherwise each element is judged on its own. An array that is not
     valid JSON is one event, rejected whole; so is a payload over the limit.
     """
-    results: list[_Event | _Rejected | None] = []
-    events: list[bytes | None] = []
-    message: list[int] = []
-    index: list[int] = []
-
-    def plain(start: int, stop: int) -> None:
-        """Messages ``start:stop`` are plain (one event each, to decode): appended as a run."""
-        results.extend([None] * (stop - start))
-        events.extend(payloads[start:stop])
-        message.extend(range(start, stop))
-        index.extend([-1] * (stop - start))
-
+    split = _Splitting(payloads)
     done = 0
     for position in _not_plain(payloads, max_payload_bytes).tolist():
-        plain(done, position)
+        split.plain(done, position)
         done = position + 1
         payload = payloads[position]
         batched = _is_batched(payload)
@@ -360,42 +352,86 @@ def _split_batched(payloads: Sequence[bytes], max_payload_bytes: int) -> _Split:
             except _DECODE_ERRORS:
                 pass  # judged element by element below
             else:
-                results.extend(decoded)
-                events.extend([None] * len(decoded))
-                message.extend([position] * len(decoded))
-                index.extend(range(len(decoded)))
+                split.decoded_whole(position, decoded)
                 continue
         elements = _decode_batched(payload) if batched else None
         if elements is None or isinstance(elements, _Rejected):
-            results.append(
-                elements if elements is not None else _too_large(payload, max_payload_bytes)
+            split.one_event(
+                position,
+                elements if elements is not None else _too_large(payload, max_payload_bytes),
             )
-            events.append(payload)
-            message.append(position)
-            index.append(-1)
             continue
-        count = len(elements)
-        message.extend([position] * count)
-        index.extend(range(count))
         if max(map(len, elements), default=0) <= max_payload_bytes < len(payload):
             try:
-                results.extend(_EVENTS.decode(payload))
-                events.extend([None] * count)
-                continue
+                decoded = _EVENTS.decode(payload)
             except _DECODE_ERRORS:
                 pass  # some element is bad: each is judged on its own below
+            else:
+                split.decoded_whole(position, decoded)
+                continue
+        split.elements(position, [bytes(element) for element in elements], max_payload_bytes)
+    split.plain(done, len(payloads))
+    return split.done()
+
+
+class _Splitting:
+    """A :class:`_Split` being built, a run of events at a time."""
+
+    def __init__(self, payloads: Sequence[bytes]) -> None:
+        self.payloads = payloads
+        self.results: list[_Event | _Rejected | None] = []
+        self.events: list[bytes | None] = []
+        # Per run of events: their messages' positions and their indexes in them.
+        self.message: list[npt.NDArray[np.int64]] = []
+        self.index: list[npt.NDArray[np.int64]] = []
+        self.undecided = 0
+
+    def plain(self, start: int, stop: int) -> None:
+        """Messages ``start:stop`` are plain (one event each, to decode)."""
+        self.results.extend([None] * (stop - start))
+        self.events.extend(self.payloads[start:stop])
+        self._one_each(start, stop)
+        self.undecided += stop - start
+
+    def one_event(self, position: int, result: _Rejected | None) -> None:
+        """The message at ``position`` is one event: rejected whole, or None to decode."""
+        self._result(result, self.payloads[position])
+        self._one_each(position, position + 1)
+
+    def decoded_whole(self, position: int, events: Sequence[_Event]) -> None:
+        self.results.extend(events)
+        self.events.extend([None] * len(events))
+        self._elements_of(position, len(events))
+
+    def elements(self, position: int, elements: list[bytes], max_payload_bytes: int) -> None:
+        """A batched message's elements, each to decode unless over the limit."""
         for element in elements:
-            raw = bytes(element)
-            results.append(_too_large(raw, max_payload_bytes))
-            events.append(raw)
-    plain(done, len(payloads))
-    return _Split(
-        payloads,
-        results,
-        events,
-        np.array(message, dtype=np.int64),
-        np.array(index, dtype=np.int64),
-    )
+            self._result(_too_large(element, max_payload_bytes), element)
+        self._elements_of(position, len(elements))
+
+    def done(self) -> _Split:
+        empty = [np.zeros(0, dtype=np.int64)]
+        return _Split(
+            self.payloads,
+            self.results,
+            self.events,
+            np.concatenate(self.message or empty),
+            np.concatenate(self.index or empty),
+            self.undecided,
+        )
+
+    def _result(self, result: _Rejected | None, payload: bytes) -> None:
+        self.results.append(result)
+        self.events.append(payload)
+        self.undecided += result is None
+
+    def _one_each(self, start: int, stop: int) -> None:
+        self.message.append(np.arange(start, stop, dtype=np.int64))
+        self.index.append(np.full(stop - start, -1, dtype=np.int64))
+
+    def _elements_of(self, position: int, count: int) -> None:
+        self.message.append(np.full(count, position, dtype=np.int64))
+        self.index.append(np.arange(count, dtype=np.int64))
 
 
 def _not_plain(payloads: Sequence[bytes], max_payload_bytes: int) -> npt.NDArray[np.intp]:
@@ -544,37 +580,34 @@ def _sorted_pairs(epochs: dict[int, int]) -> tuple[tuple[int, int], ...]:
     return tuple(sorted(epochs.items()))
 
 
-def _array(values: Iterable[Any], dtype: Any, count: int) -> npt.NDArray[Any]:
-    if dtype is not object:
-        return np.fromiter(values, dtype=dtype, count=count)
-    array = np.empty(count, dtype=object)
-    array[:] = list(values)
-    return array
-
-
 def _columns(decoded: dict[type[_Event], _OfKind]) -> pd.DataFrame:
-    """Typed columns straight from the decoded structs, one array per kind, in payload order."""
-    parts: dict[str, list[npt.NDArray[Any]]] = {column: [] for column in EVENT_COLUMNS}
-    for event_type, of_kind in decoded.items():
+    """Typed columns straight from the decoded structs, in payload order: each column starts
+    as what stands for "absent" and each kind's values go straight to its events' rows (no
+    per-kind arrays concatenated and reordered after)."""
+    kinds = [(event_type, of_kind) for event_type, of_kind in decoded.items() if of_kind.events]
+    if not kinds:
+        return empty_events()
+    total = sum(len(of_kind.events) for _, of_kind in kinds)
+    rows_of = _rows_of_kinds([of_kind.positions for _, of_kind in kinds])
+    data: dict[str, Any] = {}
+    for column, absent in EVENT_COLUMNS.items():
+        dtype = _COLUMN_DTYPE[column]
+        fill = -1 if column in ("role", "index") else absent
+        data[column] = (
+            np.empty(total, dtype)
+            if fill is None and dtype is not object
+            else np.full(total, fill, dtype)
+        )
+    for (event_type, of_kind), rows in zip(kinds, rows_of, strict=True):
         events = of_kind.events
         count = len(events)
-        if not count:
-            continue
         fields = set(event_type.__struct_fields__)
-        kind_code = KIND_DTYPE.categories.get_loc(event_type.__struct_config__.tag)
-        parts["position"].append(of_kind.positions)
-        parts["kind"].append(np.full(count, kind_code, dtype=np.int8))
-        for column, absent in EVENT_COLUMNS.items():
-            if column in {"position", "kind"}:
-                continue
-            if column == "index":  # set by parse_events
-                parts[column].append(np.full(count, -1, dtype=np.int64))
-                continue
-            dtype = _COLUMN_DTYPE[column]
+        data["position"][rows] = of_kind.positions
+        data["kind"][rows] = KIND_DTYPE.categories.get_loc(event_type.__struct_config__.tag)
+        for column in EVENT_COLUMNS:
             field = _FIELD_OF_COLUMN.get((event_type, column), column)
-            if field not in fields:
-                parts[column].append(np.full(count, -1 if column == "role" else absent, dtype))
-                continue
+            if column in {"position", "kind", "index"} or field not in fields:
+                continue  # "index" is set by parse_events
             values: Iterable[Any] = map(attrgetter(field), events)
             if column == "role":
                 values = map(_ROLE_CODE.__getitem__, values)
@@ -584,19 +617,26 @@ def _columns(decoded: dict[type[_Event], _OfKind]) -> pd.DataFrame:
                 values = (value is True for value in values)
             elif column == "epochs":
                 values = (None if value is None else _sorted_pairs(value) for value in values)
-            parts[column].append(_array(values, dtype, count))
-    if not parts["position"]:
-        return empty_events()
-    positions = np.concatenate(parts["position"])
-    data: dict[str, Any] = {column: np.concatenate(parts[column]) for column in parts}
-    if len(parts["position"]) > 1:  # several kinds: back to payload order
-        order = np.argsort(positions, kind="stable")
-        data = {column: values[order] for column, values in data.items()}
+            data[column][rows] = np.fromiter(values, _COLUMN_DTYPE[column], count)
     data["kind"] = pd.Categorical.from_codes(data["kind"], dtype=KIND_DTYPE)
     data["role"] = pd.Categorical.from_codes(data["role"], dtype=ROLE_DTYPE)
     # copy=False: the columns are fresh; consolidating them would copy every one (60 ms for
     # 500k events).
     return pd.DataFrame(data, copy=False)
+
+
+def _rows_of_kinds(
+    positions: list[npt.NDArray[np.int64]],
+) -> list[slice | npt.NDArray[np.int64]]:
+    """Where each kind's events (at increasing ``positions`` among all events) are among the
+    accepted ones, in payload order: all of them, in order, when there is one kind."""
+    if len(positions) == 1:
+        return [slice(None)]
+    accepted = np.zeros(max(int(p[-1]) for p in positions) + 1, dtype=np.bool_)
+    for of_kind in positions:
+        accepted[of_kind] = True
+    row = np.cumsum(accepted) - 1
+    return [row[of_kind] for of_kind in positions]
 
 
 def _typed(frame: pd.DataFrame) -> pd.DataFrame:

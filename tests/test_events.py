@@ -439,3 +439,33 @@ def test_counts_from_a_brokers_metrics_name_no_partition() -> None:
     assert accepted["partition"].tolist() == [-1, -1]
     assert accepted["replica"].tolist() == [-1, -1]
     assert accepted["in_sync"].tolist() == [False, False]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    messages=st.lists(
+        st.lists(st.sampled_from([*VALID, SEGMENT, LINEAGE, R, None]), min_size=1, max_size=5)
+        .map(lambda events: events[:1] if events[0] is None else events)
+        .flatmap(lambda events: st.tuples(st.just(events), st.booleans())),
+        max_size=8,
+    )
+)
+def test_mixed_kinds_are_accepted_in_payload_order_as_each_alone(
+    messages: list[tuple[list[dict[str, Any] | None], bool]],
+) -> None:
+    """Events of every kind, interleaved and in single or batched messages (None: a bad one), are
+    accepted in payload order with the very values each gets when parsed alone."""
+    payloads: list[bytes] = []
+    alone: list[Any] = []
+    for position, (events, batched) in enumerate(messages):
+        single = len(events) == 1 and not batched
+        encoded = [b"{}" if event is None else encode(event) for event in events]
+        payloads.append(encoded[0] if single else b"[" + b",".join(encoded) + b"]")
+        for index, (event, payload) in enumerate(zip(events, encoded, strict=True)):
+            if event is None:
+                continue
+            row = parse_events([payload]).accepted.iloc[0].to_dict()
+            alone.append({**row, "position": position, "index": -1 if single else index})
+    parsed = parse_events(payloads)
+    assert parsed.accepted.to_dict("records") == alone
+    assert len(parsed.rejected) == sum(event is None for events, _ in messages for event in events)
