@@ -102,7 +102,7 @@ def stage_connector_records(
             batch.column("value").to_pylist(),
             0,
         )
-        yield from staged_batches(records, stage)
+        yield from staged_batches([records], stage)
 
 
 def connector_options(kafka: LocalService, topic: str) -> dict[str, str]:

@@ -458,7 +458,7 @@ def piece_costs(
 
     def stage1(messages: list[bytes]) -> list[pa.RecordBatch]:
         records = KafkaRecords("bench", 0, list(range(len(messages))), list(messages), 0)
-        return list(packed_by_shard(staged_batches(records, stage)))
+        return list(packed_by_shard(staged_batches([records], stage)))
 
     def stage2(packs: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
         decisions = []

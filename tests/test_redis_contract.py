@@ -232,7 +232,7 @@ def test_unlimited_is_null_from_the_core_to_every_reader() -> None:
     config = parse_quota_config({"clients": []}, "no quotas")
     stage = StageSettings(config, EventBounds(), 65_536, shards=1, clock=lambda: BASE / 1000)
     event = json.dumps(produce("alice", "app1", 500, BASE - 100)).encode()
-    staged = staged_batches(KafkaRecords("events", 0, [0], [event], 0), stage)
+    staged = staged_batches([KafkaRecords("events", 0, [0], [event], 0)], stage)
     rows = pa.Table.from_batches(list(staged)).to_pandas()
     update = update_shard(None, rows, stage, 0, stage.now_ms())
     table = pa.Table.from_batches(update.batches)

@@ -29,6 +29,7 @@ from streaming.engine.stages import (
     DECISION,
     DECISION_SCHEMA,
     PACKED_SCHEMA,
+    RECORDS_PER_CHUNK,
     REJECT,
     REMOTE_LOG,
     STAGE_SCHEMA,
@@ -62,7 +63,7 @@ def kafka_records(
 
 
 def staged(values: list[bytes], stage: StageSettings, config_version: int = 0) -> pd.DataFrame:
-    batches = list(staged_batches(kafka_records(values, config_version=config_version), stage))
+    batches = list(staged_batches([kafka_records(values, config_version=config_version)], stage))
     rows: pd.DataFrame = pa.Table.from_batches(batches).to_pandas()
     return rows
 
@@ -96,14 +97,16 @@ def reads_of(values: list[bytes], reads: int) -> list[KafkaRecords]:
 
 
 def run_stages(
-    micro_batches: list[list[bytes]], reads: int = 1
+    micro_batches: list[list[bytes]], reads: int = 1, staged_together: int = RECORDS_PER_CHUNK
 ) -> tuple[pd.DataFrame, dict[int, ShardState]]:
-    """Both stages over successive micro-batches, as the query runs them per shard."""
+    """Both stages over successive micro-batches, as the query runs them per shard; the reads
+    staged together in groups of ``staged_together`` records."""
     states: dict[int, ShardState] = {}
     latest: dict[tuple[str, str], dict[Hashable, object]] = {}
     rejects = []
     for values in micro_batches:
-        for shard, rows in shard_inputs(reads_of(values, reads), SETTINGS).items():
+        inputs = shard_inputs(reads_of(values, reads), SETTINGS, staged_together)
+        for shard, rows in inputs.items():
             update = update_shard(states.get(shard), rows, SETTINGS, shard, NOW)
             if update.state is not None:  # the dead-letter group keeps none
                 states[shard] = update.state
@@ -123,17 +126,18 @@ def run_stages(
     cuts=st.lists(st.integers(1, 149), max_size=4),
     message_sizes=st.lists(st.integers(1, 40), max_size=4),
     reads=st.integers(1, 6),
+    staged_together=st.sampled_from([1, 40, RECORDS_PER_CHUNK]),
 )
 def test_streaming_stages_reach_the_same_final_decisions_as_replay(
-    seed: int, cuts: list[int], message_sizes: list[int], reads: int
+    seed: int, cuts: list[int], message_sizes: list[int], reads: int, staged_together: int
 ) -> None:
-    """Whatever the micro-batch splits, the reads a batch is packed in, and whether events
-    come one per message or batched."""
+    """Whatever the micro-batch splits, the reads a batch is read in and how many of them are
+    staged together, and whether events come one per message or batched."""
     values = payloads(seed, 150, span_ms=10_000)
     messages = batched(values, message_sizes)
     bounds = [0, *sorted({cut % len(messages) for cut in cuts}), len(messages)]
     micro_batches = [messages[a:b] for a, b in itertools.pairwise(bounds) if b > a]
-    streamed, _ = run_stages(micro_batches, reads)
+    streamed, _ = run_stages(micro_batches, reads, staged_together)
     expected = final_decisions(values, CONFIG)
     key = ["quota", "entity"]
     got = streamed.set_index(key).sort_index()
@@ -154,19 +158,38 @@ def test_a_shard_is_given_every_read_s_rows_of_it_in_order(
     if small_packs:
         monkeypatch.setattr(stages, "PACK_BYTES", 2_000)
         monkeypatch.setattr(stages, "BATCH_OF_PACKS_BYTES", 20_000)
-        batches = list(stages.packed_by_shard(staged_batches(reads[0], SETTINGS)))
+        batches = list(stages.packed_by_shard(staged_batches(reads[:1], SETTINGS)))
         assert len(batches) > 1
         assert max(len(packs) for packs in packs_by_shard(reads[:1], SETTINGS).values()) > 1
     staged_rows = pa.Table.from_batches(
-        [batch for read in reads for batch in staged_batches(read, SETTINGS)], STAGE_SCHEMA
+        [batch for read in reads for batch in staged_batches([read], SETTINGS)], STAGE_SCHEMA
     ).to_pandas(integer_object_nulls=True)
-    given = shard_inputs(reads, SETTINGS)
+    given = shard_inputs(reads, SETTINGS, records=1)  # each read staged on its own
     assert sorted(given) == sorted(staged_rows["shard"].unique())
     assert -1 in given
     for shard, rows in given.items():
         expected = staged_rows[staged_rows["shard"] == shard].reset_index(drop=True)
         # Integer columns are objects only where the shard's own rows have nulls.
         pd.testing.assert_frame_equal(rows, expected, check_dtype=False, obj=f"shard {shard}")
+
+
+def test_reads_staged_together_keep_each_reject_s_own_coordinates() -> None:
+    """A task stages the reads of several partitions in one call: each rejected event still
+    names its own topic, partition, offset and index in its batched message."""
+    good = json.dumps(produce("alice", "app1", 10, BASE)).encode()
+    reads = [
+        KafkaRecords("a", 0, [10, 11], [good, b"not json"], 0),
+        KafkaRecords("b", 3, [100, 101, 102], [b"[" + good + b',{"kind":"x"}]', good, None], 0),
+    ]
+    batches = list(staged_batches(reads, SETTINGS))
+    rows = pa.Table.from_batches(batches, STAGE_SCHEMA).to_pandas(integer_object_nulls=True)
+    rejected = rows[rows["row_type"] == REJECT]
+    assert list(
+        zip(rejected["topic"], rejected["partition"], rejected["offset"], rejected["index"])
+    ) == [("a", 0, 11, None), ("b", 3, 100, 1), ("b", 3, 102, None)]
+    assert rows.loc[rows["row_type"] == "usage", "requests"].sum() == 3
+    with pytest.raises(ValueError, match="configuration versions"):
+        list(staged_batches([*reads, KafkaRecords("a", 0, [12], [good], 1)], SETTINGS))
 
 
 def test_a_shards_output_has_every_kind_of_row_in_the_decision_schema() -> None:

@@ -73,11 +73,13 @@ from streaming.engine.offsets import (
 )
 from streaming.engine.source_status import write_status
 from streaming.engine.stages import (
+    RECORDS_PER_CHUNK,
     STAGED_SCHEMA,
     KafkaRecords,
     StageSettings,
     packed_by_shard,
     staged_batches,
+    staged_together,
 )
 
 log = logging.getLogger(__name__)
@@ -85,9 +87,6 @@ log = logging.getLogger(__name__)
 #: A read task has at least this many records (unless the batch has fewer): tiny micro-batches
 #: run one task, not one per partition.
 MIN_RECORDS_PER_TASK = 100
-#: Records fetched per poll and staged together: large enough that the staging's per-call costs
-#: (pandas, Arrow) vanish per record, small enough to bound a worker's memory.
-RECORDS_PER_CHUNK = 100_000
 
 
 @dataclass(frozen=True)
@@ -280,11 +279,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # ------------------------------------------------------------------ worker side
     @override
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """The staged rows of one planned range's records, packed per shard (``STAGED_SCHEMA``)."""
+        """The staged rows of a read task's records, packed per shard (``STAGED_SCHEMA``)."""
         if self.stage is None:
             raise TypeError("this reader has no stage settings: use records()")
-        for records in self.records(partition.value):
-            yield from packed_by_shard(staged_batches(records, self.stage))
+        for reads in staged_together(self.records(partition.value)):
+            yield from packed_by_shard(staged_batches(reads, self.stage))
 
     def records(self, task: ReadTask) -> Iterator[KafkaRecords]:
         """The records of a read task's ranges, in chunks."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -159,28 +159,60 @@ class KafkaRecords:
     config_version: int
 
 
-def staged_batches(records: KafkaRecords, settings: StageSettings) -> Iterator[pa.RecordBatch]:
-    """Stage 1: Kafka records in, usage sums, segment events and rejects out (STAGE_SCHEMA)."""
-    payloads = [value if value is not None else b"" for value in records.values]
+#: Records fetched per poll and staged together: large enough that the staging's per-call costs
+#: (pandas, Arrow) vanish per record, small enough to bound a worker's memory.
+RECORDS_PER_CHUNK = 100_000
+
+
+def staged_together(
+    reads: Iterable[KafkaRecords], records: int = RECORDS_PER_CHUNK
+) -> Iterator[list[KafkaRecords]]:
+    """Consecutive ``reads`` in groups of at least ``records`` records (but the last), each
+    group to stage in one :func:`staged_batches` call."""
+    group: list[KafkaRecords] = []
+    size = 0
+    for read in reads:
+        group.append(read)
+        size += len(read.offsets)
+        if size >= records:
+            yield group
+            group, size = [], 0
+    if group:
+        yield group
+
+
+def staged_batches(
+    reads: Sequence[KafkaRecords], settings: StageSettings
+) -> Iterator[pa.RecordBatch]:
+    """Stage 1: Kafka records in, usage sums, segment events and rejects out (STAGE_SCHEMA).
+
+    ``reads`` (of one micro-batch, so of one configuration version) are staged together: a
+    staging pays pandas' and Arrow's costs per call, which a tiny batch read from several
+    partitions would otherwise pay once per partition."""
+    versions = {read.config_version for read in reads}
+    if len(versions) > 1:
+        raise ValueError(f"reads of several configuration versions: {sorted(versions)}")
+    payloads = [value if value is not None else b"" for read in reads for value in read.values]
     bounds = settings.bounds.around(settings.now_ms(), settings.max_past_ms, settings.max_future_ms)
     parsed = parse_events(payloads, bounds, settings.max_payload_bytes)
     is_segment = parsed.accepted["kind"].isin(STORAGE_KINDS).to_numpy()
     if is_segment.any():
         yield from arrow_rows(_segments(parsed.accepted[is_segment], settings), STAGE_SCHEMA)
     if len(parsed.accepted):
-        live = settings.live(records.config_version)
+        version = versions.pop()
+        live = settings.live(version)
         core = QuotaCore(live.config)
         usage = _usage(
             core.resolve(parsed.accepted),
             parsed.accepted["count"].to_numpy(),
             settings,
             core.config,
-            records.config_version,
+            version,
         )
         if len(usage):
             yield from arrow_rows(usage, STAGE_SCHEMA)
     if len(parsed.rejected):
-        yield _rejects(records, parsed.rejected)
+        yield _rejects(reads, parsed.rejected)
 
 
 def packed_by_shard(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -392,16 +424,24 @@ def _modes(resolved: pd.DataFrame, config: QuotaConfig) -> npt.NDArray[np.object
     return modes
 
 
-def _rejects(records: KafkaRecords, rejected: pd.DataFrame) -> pa.RecordBatch:
+def _rejects(reads: Sequence[KafkaRecords], rejected: pd.DataFrame) -> pa.RecordBatch:
+    """Rejected events with where each came from (``position``: its record among ``reads``')."""
     count = len(rejected)
-    offsets = np.asarray(records.offsets, dtype=np.int64)[rejected["position"].to_numpy()]
+    positions = rejected["position"].to_numpy()
+    sizes = [len(read.offsets) for read in reads]
+    read_of = np.repeat(np.arange(len(reads)), sizes)[positions]
+    topics = np.array([read.topic for read in reads], dtype=object)[read_of]
+    partitions = np.array([read.partition for read in reads], dtype=np.int32)[read_of]
+    offsets = np.fromiter(
+        (offset for read in reads for offset in read.offsets), np.int64, sum(sizes)
+    )[positions]
     index = rejected["index"].to_numpy()
     columns = {
         "row_type": pa.array([REJECT] * count, pa.string()),
         # Rejects are not sharded: they all pass through the dead-letter group.
         "shard": pa.array(np.full(count, -1, dtype=np.int32)),
-        "topic": pa.array([records.topic] * count, pa.string()),
-        "partition": pa.array(np.full(count, records.partition, dtype=np.int32)),
+        "topic": pa.array(topics, pa.string()),
+        "partition": pa.array(partitions),
         "offset": pa.array(offsets),
         "index": pa.array(index.astype(np.int32), mask=index < 0),
         "payload": pa.array(rejected["payload"].tolist(), pa.binary()),
