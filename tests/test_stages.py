@@ -184,9 +184,11 @@ def test_reads_staged_together_keep_each_reject_s_own_coordinates() -> None:
     batches = list(staged_batches(reads, SETTINGS))
     rows = pa.Table.from_batches(batches, STAGE_SCHEMA).to_pandas(integer_object_nulls=True)
     rejected = rows[rows["row_type"] == REJECT]
-    assert list(
-        zip(rejected["topic"], rejected["partition"], rejected["offset"], rejected["index"])
-    ) == [("a", 0, 11, None), ("b", 3, 100, 1), ("b", 3, 102, None)]
+    assert rejected[["topic", "partition", "offset", "index"]].values.tolist() == [
+        ["a", 0, 11, None],
+        ["b", 3, 100, 1],
+        ["b", 3, 102, None],
+    ]
     assert rows.loc[rows["row_type"] == "usage", "requests"].sum() == 3
     with pytest.raises(ValueError, match="configuration versions"):
         list(staged_batches([*reads, KafkaRecords("a", 0, [12], [good], 1)], SETTINGS))
