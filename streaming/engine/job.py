@@ -2,9 +2,9 @@
 
 ::
 
-    quotastream-kafka source (offsets in the checkpoint); each read, on its executor, stages
-      its records: validate, resolve entity, sum per (entity, sample)     (staged_batches)
-      and packs them per shard: one Arrow stream per read chunk and shard (packed_by_shard)
+    quotastream-kafka source (offsets in the checkpoint); each read task, on its executor,
+      stages its records: validate, resolve entity, sum per (entity, sample) (staged_batches)
+      and packs them per shard: one Arrow stream per staging and shard   (packed_by_shard)
       -> groupBy(shard).applyInPandasWithState: update_shard    one state value per shard,
                                                   its output rows packed as one Arrow stream
       -> foreachBatch: mapInArrow(write_packed) on the executors  -> Redis, dead-letter topic

@@ -4,7 +4,8 @@ Spark's JVM Kafka connector is not always available, so quotastream reads Kafka 
 decides where the event enters: each read parses, validates, resolves and sums its records on
 the executor that fetched them (``streaming.engine.stages.staged_batches``), so the source's rows
 are usage sums, segment events and rejects, and raw payloads never cross into the JVM; and packs
-them per shard (one row per read chunk and shard), so Spark moves a few values, not each row.
+them per shard (one row per staging and shard: a task's ranges are staged together, up to
+``RECORDS_PER_CHUNK`` records a call), so Spark moves a few values, not each row.
 
 * offsets per topic-partition live in Spark's checkpoint (``streaming.engine.offsets``), so a
   restarted query replays exactly the ranges of the batch it did not finish;
