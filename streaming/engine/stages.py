@@ -212,7 +212,7 @@ def staged_batches(
         if len(usage):
             yield from arrow_rows(usage, STAGE_SCHEMA)
     if len(parsed.rejected):
-        yield _rejects(reads, parsed.rejected)
+        yield from _rejects(reads, parsed.rejected)
 
 
 def packed_by_shard(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -401,7 +401,9 @@ def arrow_rows(rows: pd.DataFrame, schema: pa.Schema) -> list[pa.RecordBatch]:
         else pa.nulls(size, field.type)
         for field in schema
     ]
-    return [pa.RecordBatch.from_arrays(columns, schema=schema)]
+    # A table: a column over 2 GiB (rejected payloads) converts to a chunked array.
+    batches: list[pa.RecordBatch] = pa.Table.from_arrays(columns, schema=schema).to_batches()
+    return batches
 
 
 def _all_none(column: pd.Series) -> bool:
@@ -424,7 +426,7 @@ def _modes(resolved: pd.DataFrame, config: QuotaConfig) -> npt.NDArray[np.object
     return modes
 
 
-def _rejects(reads: Sequence[KafkaRecords], rejected: pd.DataFrame) -> pa.RecordBatch:
+def _rejects(reads: Sequence[KafkaRecords], rejected: pd.DataFrame) -> list[pa.RecordBatch]:
     """Rejected events with where each came from (``position``: its record among ``reads``')."""
     count = len(rejected)
     positions = rejected["position"].to_numpy()
@@ -432,9 +434,9 @@ def _rejects(reads: Sequence[KafkaRecords], rejected: pd.DataFrame) -> pa.Record
     read_of = np.repeat(np.arange(len(reads)), sizes)[positions]
     topics = np.array([read.topic for read in reads], dtype=object)[read_of]
     partitions = np.array([read.partition for read in reads], dtype=np.int32)[read_of]
-    offsets = np.fromiter(
-        (offset for read in reads for offset in read.offsets), np.int64, sum(sizes)
-    )[positions]
+    offsets = np.concatenate([np.asarray(read.offsets, dtype=np.int64) for read in reads])[
+        positions
+    ]
     index = rejected["index"].to_numpy()
     columns = {
         "row_type": pa.array([REJECT] * count, pa.string()),
@@ -449,7 +451,9 @@ def _rejects(reads: Sequence[KafkaRecords], rejected: pd.DataFrame) -> pa.Record
         "detail": pa.array(rejected["detail"].tolist(), pa.string()),
     }
     arrays = [columns.get(field.name, pa.nulls(count, field.type)) for field in STAGE_SCHEMA]
-    return pa.RecordBatch.from_arrays(arrays, schema=STAGE_SCHEMA)
+    # A table: payloads over 2 GiB in all convert to a chunked array.
+    batches: list[pa.RecordBatch] = pa.Table.from_arrays(arrays, schema=STAGE_SCHEMA).to_batches()
+    return batches
 
 
 #: What the stateful stage emits: each touched entity's latest decision (or the release of its
