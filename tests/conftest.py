@@ -85,6 +85,7 @@ LAYERS: Final[Mapping[str, str]] = {
     "test_soak.py": "engine",
     "test_stages.py": "engine",
     "test_bad_config.py": "scenario",
+    "test_producer_close.py": "scenario",
     "test_chaos.py": "scenario",
     "test_kafka_oracle.py": "scenario",
     "test_prometheus.py": "scenario",

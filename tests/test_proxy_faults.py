@@ -9,7 +9,8 @@
 * Redis down: the failure policy answers (fail closed holds every client that long; fail open
   holds none), and the lookups say so.
 * The events topic unreachable: client traffic flows on, and the usage that cannot be published
-  is counted as dropped.
+  is counted as dropped; also when it goes away before the proxy stops, which then stops within
+  its drain time.
 * A proxy restart (``quotastream proxy`` stopped by SIGTERM, which drains it, and started again
   on its ports): its clients reconnect and go on.
 """
@@ -254,6 +255,30 @@ def test_traffic_flows_while_the_events_topic_is_unreachable_and_drops_are_count
                 )
     assert dropped > 0
     assert end_offset(kafka.address, topic) >= len(values)
+
+
+def test_a_proxy_stopping_after_its_events_broker_did_counts_the_last_usage_dropped(
+    kafka: KafkaNode, redis_server: LocalService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topic = "events-gone-at-the-stop"
+    create_topic(kafka.address, topic, partitions=1)
+    thread_failures: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", thread_failures.append)
+    dropped = {"reason": "publish_failed"}
+    with start_kafka() as events_broker:
+        settings = proxy_settings(
+            kafka.address, events_broker.address, redis_server, "usage-gone", drain_timeout_s=2
+        )
+        with RunningProxy(settings) as proxy:
+            produce_one(proxy, topic, "before")
+            await_metric(proxy, "quotastream_proxy_events_published_total", {})
+            events_broker.stop()
+            # Its usage is published at the stop, into a producer whose broker is gone.
+            produce_one(proxy, topic, "after")
+        assert (
+            proxy.registry.get_sample_value("quotastream_proxy_events_dropped_total", dropped) or 0
+        ) > 0
+    assert thread_failures == []
 
 
 @pytest.fixture

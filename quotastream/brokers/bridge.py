@@ -47,6 +47,7 @@ from quotastream.brokers.remote_log_metadata import (
 )
 from quotastream.brokers.segments import RefusedRecordError, SegmentLifecycle
 from quotastream.outage import Outage
+from quotastream.producer_close import close_producer
 from state.events import dead_letter_record
 
 log = logging.getLogger(__name__)
@@ -211,7 +212,8 @@ class RemoteLogBridge:
         finally:
             consumer.close()
             if producer is not None:
-                producer.close(timeout=5)
+                # What it could not send is not committed: the next pass sends it again.
+                close_producer(producer)
 
     def _partitions(self, consumer: Any) -> list[TopicPartition] | None:
         """The metadata topic's partitions, once it exists (Kafka creates it with the first

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from quotastream.producer_close import close_producer
 from quotastream.published_events import CountedEvent, Message, batched_messages
 
 log = logging.getLogger(__name__)
@@ -181,8 +182,8 @@ class UsagePublisher:
             for message in batched_messages(events, self._max_message_bytes):
                 self._send(message)
         if self._producer is not None:
-            self._producer.flush(timeout=self._close_timeout_s)
-            self._producer.close(timeout=self._close_timeout_s)
+            # What it cannot send in time fails its futures: counted as dropped.
+            close_producer(self._producer, self._close_timeout_s)
 
     def _send(self, message: Message) -> None:
         count, nbytes = message.events, message.bytes

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from kafka import KafkaConsumer, KafkaProducer
-from kafka.errors import KafkaError, KafkaTimeoutError
+from kafka.errors import KafkaError
+
+from quotastream.producer_close import close_producer
 
 log = logging.getLogger(__name__)
 
 RECORD_BYTES: Final = 8_192
-#: How long a producer may take to send what it buffered when the traffic stops.
-CLOSE_TIMEOUT_S: Final = 5.0
 
 
 @dataclass(frozen=True)
@@ -97,11 +97,7 @@ class ClientTraffic:
         except KafkaError as error:
             self._failed(load.client_id, error)
         finally:
-            try:
-                producer.close(timeout=CLOSE_TIMEOUT_S)
-            except KafkaTimeoutError:
-                # Held by its quota at the stop (the proxy mutes it as a broker would), it could
-                # not send what it had buffered in time: simulated records, left unsent.
+            if not close_producer(producer):
                 log.info("client %s stopped with records unsent: its quota held it", load.client_id)
 
     def _consume(self) -> None:

@@ -31,7 +31,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kafka import KafkaProducer
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, KafkaTimeoutError
+
+from quotastream.producer_close import CLOSE_TIMEOUT_S, close_producer
 
 log = logging.getLogger(__name__)
 
@@ -292,10 +294,9 @@ class LiveTraffic(threading.Thread):
             self._publish()
         except KafkaError as exc:
             self.failure = exc
-        try:
-            self._producer.close(timeout=5)
-        except KafkaError as exc:  # what it still held could not be delivered
-            self.failure = self.failure or exc
+        if not close_producer(self._producer, CLOSE_TIMEOUT_S):
+            unsent = KafkaTimeoutError(f"events not delivered within {CLOSE_TIMEOUT_S:.0f} s")
+            self.failure = self.failure or unsent
 
     def _publish(self) -> None:
         start_ms = int(time.time() * 1000) // 1000 * 1000
