@@ -410,13 +410,14 @@ class _Splitting:
         self._elements_of(position, len(elements))
 
     def done(self) -> _Split:
-        empty = [np.zeros(0, dtype=np.int64)]
+        """The split, after the last run of plain messages (possibly empty: a run is always
+        there to concatenate)."""
         return _Split(
             self.payloads,
             self.results,
             self.events,
-            np.concatenate(self.message or empty),
-            np.concatenate(self.index or empty),
+            np.concatenate(self.message),
+            np.concatenate(self.index),
             self.undecided,
         )
 
