@@ -204,30 +204,53 @@ class Shard:
 
 def latest_decisions(core: QuotaCore, usage: pd.DataFrame) -> pd.DataFrame:
     """Each touched entity's latest decision (:data:`DECISION_FIELDS`) after ``core`` records
-    ``usage``."""
+    ``usage``, in the order of their latest rows.
+
+    Built from numpy columns: a tiny batch's shard step is mostly pandas' cost per call, and
+    this runs in every step."""
     if not len(usage):
         return pd.DataFrame(
             {name: pd.Series(dtype=_EMPTY_DTYPES.get(name, np.int64)) for name in DECISION_FIELDS}
         )
-    usage = usage.sort_values("ts", kind="stable")
-    decided = core.record(usage.reset_index(drop=True))
-    decided = decided.assign(
-        quota=decided["quota"].astype(str),
-        entity=decided["entity"].astype(str),
-        config_version=usage["config_version"].to_numpy(dtype=np.int64),
-        mode=usage["mode"].to_numpy(dtype=object),
-    )
+    ts = usage["ts"].to_numpy(dtype=np.int64)
+    order = None if bool(np.all(ts[1:] >= ts[:-1])) else np.argsort(ts, kind="stable")
+    in_order = usage if order is None else usage.take(order)
+    decided = core.record(in_order.reset_index(drop=True))
+    columns = {
+        "quota": decided["quota"].astype(str).to_numpy(dtype=object),
+        "entity": decided["entity"].astype(str).to_numpy(dtype=object),
+        **{name: decided[name].to_numpy() for name in _DECIDED_FIELDS},
+        "config_version": in_order["config_version"].to_numpy(dtype=np.int64),
+        "mode": in_order["mode"].to_numpy(dtype=object),
+    }
     # A remote_copy decision is also published per partition: its fair wait
     # (docs/semantics.md).
-    copies = decided[decided["partition_key"].notna()]
-    if len(copies):
-        per_partition = copies.assign(
-            entity=copies["partition_key"].astype(str), throttle_ms=copies["partition_wait_ms"]
-        )
-        decided = pd.concat([decided, per_partition])
-    latest = decided.drop_duplicates(["quota", "entity"], keep="last")
-    latest = latest.assign(until=latest["ts"] + latest["throttle_ms"])
-    return latest[list(DECISION_FIELDS)].reset_index(drop=True)
+    copies = decided["partition_key"].notna().to_numpy()
+    if copies.any():
+        per_partition = {name: column[copies] for name, column in columns.items()}
+        keys = decided["partition_key"].to_numpy(dtype=object)[copies]
+        per_partition["entity"] = keys.astype(str).astype(object)
+        per_partition["throttle_ms"] = decided["partition_wait_ms"].to_numpy()[copies]
+        columns = {
+            name: np.concatenate([column, per_partition[name]]) for name, column in columns.items()
+        }
+    latest = _last_of_each(columns["quota"], columns["entity"])
+    columns = {name: column[latest] for name, column in columns.items()}
+    columns["until"] = columns["ts"] + columns["throttle_ms"]
+    return pd.DataFrame({name: columns[name] for name in DECISION_FIELDS})
+
+
+#: What :func:`latest_decisions` takes as :meth:`QuotaCore.record` decided it.
+_DECIDED_FIELDS = ("ts", "rate", "limit", "throttle_ms", "exceeded", "window_ms")
+
+
+def _last_of_each(quota: np.ndarray, entity: np.ndarray) -> np.ndarray:
+    """The positions of each (quota, entity)'s last row, in row order."""
+    quota_codes, _ = pd.factorize(quota)
+    entity_codes, entity_names = pd.factorize(entity)
+    keys = quota_codes.astype(np.int64) * len(entity_names) + entity_codes
+    _, first_from_the_end = np.unique(keys[::-1], return_index=True)
+    return np.sort(len(keys) - 1 - first_from_the_end)
 
 
 _EMPTY_DTYPES: dict[str, Any] = {
