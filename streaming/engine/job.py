@@ -318,8 +318,14 @@ class GracefulStop:
             query.stop()
 
     def _asleep(self, query: StreamingQuery) -> bool:
-        """Waiting for its next trigger, or holding in a callback."""
-        return self._holding or not query.status["isTriggerActive"]
+        """Waiting for its next trigger, or holding in a callback.
+
+        Not while its sources start ("Initializing sources", no trigger active yet): stopped
+        then, Spark closes the Python source's runner while that still waits for its first
+        call, and the runner prints a traceback writing its error to the closed socket."""
+        status = query.status
+        started = status["message"] != "Initializing sources"
+        return self._holding or (started and not status["isTriggerActive"])
 
 
 class _InterruptedCallback(logging.Filter):
