@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TextIO
 
 import pytest
 import yaml
@@ -57,34 +61,78 @@ def noise_in(output: str) -> list[str]:
     return [line for line in output.splitlines() if any(word in line for word in NOISE)]
 
 
-def test_embedded_default_decides_throttles_quietly_and_cleans_up() -> None:
-    result = subprocess.run(
-        [QUOTASTREAM, "run", "--duration", "45"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert noise_in(result.stdout + result.stderr) == []
-    summaries = [line for line in result.stdout.splitlines() if line.startswith("quotastream:")]
-    assert summaries, result.stdout
-    decided = re.search(r"(\d+) entities written", summaries[-1])
-    assert decided is not None
-    # A cluster, not a toy: of ~300 clients under two dozen users on five brokers, a score
-    # are near or over their limits at once (the entities Redis holds: docs/redis.md).
-    assert int(decided.group(1)) >= 10
-    # The simulated tiered-storage backlog (3 x 8 MiB/s against 20 MiB/s for 40 s of each
-    # minute) goes over its limit while the run watches.
-    assert any("remote_copy=" in line.split("over limit:")[1] for line in summaries)
-    assert embedded_line(result.stderr).startswith(
+def test_embedded_default_decides_throttles_quietly_and_cleans_up(tmp_path: Path) -> None:
+    errors = tmp_path / "stderr"
+    with errors.open("w") as stderr:
+        run = subprocess.Popen(
+            [QUOTASTREAM, "run"], cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
+        try:
+            # Spark's start and first batches take half a minute on a quiet 2-core machine,
+            # far more on a busy one: the run is watched until it has decided, then stopped as
+            # a service manager stops it.
+            summaries = Summaries(run, 600)
+            summaries.wait_until(decided_a_cluster)
+            run.send_signal(signal.SIGTERM)
+            assert run.wait(timeout=120) == EXIT_OK, errors.read_text()[-3000:]
+        finally:
+            run.kill()
+    output = summaries.to_the_end() + errors.read_text()
+    assert noise_in(output) == [], output
+    assert summaries.lines[-1].startswith("quotastream: final: "), summaries.lines[-3:]
+    assert embedded_line(errors.read_text()).startswith(
         f"embedded: Apache Kafka {kafka_version()} broker 127.0.0.1:"
     )
-    assert servers_left(result.stderr) == []
-    checkpoint = re.search(r"checkpoint (\S+)", result.stderr)
+    assert servers_left(errors.read_text()) == []
+    checkpoint = re.search(r"checkpoint (\S+)", errors.read_text())
     assert checkpoint is not None
     assert not Path(checkpoint.group(1)).exists()
+
+
+def decided_a_cluster(summaries: list[str]) -> bool:
+    """A cluster, not a toy: of ~300 clients under two dozen users on five brokers, a score are
+    near or over their limits at once (the entities Redis holds: docs/redis.md), and the
+    simulated tiered-storage backlog (3 x 8 MiB/s against 20 MiB/s for 40 s of each minute)
+    has gone over its limit."""
+    written = [re.search(r"(\d+) entities written", line) for line in summaries]
+    return any(int(found.group(1)) >= 10 for found in written if found) and any(
+        "remote_copy=" in line.partition("over limit:")[2] for line in summaries
+    )
+
+
+class Summaries:
+    """What a run prints to a pipe (a summary line a second once it runs), read as it comes by
+    a thread of its own, so that a run that prints nothing cannot hold the test past its
+    deadline."""
+
+    def __init__(self, run: subprocess.Popen[str], timeout_s: float) -> None:
+        self.lines: list[str] = []
+        self._deadline = time.monotonic() + timeout_s
+        self._printed: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, args=(run.stdout,), daemon=True).start()
+
+    def _pump(self, stdout: TextIO) -> None:
+        for line in stdout:
+            self._printed.put(line)
+        self._printed.put("")  # the end
+
+    def wait_until(self, done: Callable[[list[str]], bool]) -> None:
+        """Reads lines until ``done`` says so; fails past the deadline or if the run ends."""
+        while not done(self.lines):
+            left = self._deadline - time.monotonic()
+            assert left > 0, f"not there in time: {self.lines[-3:]}"
+            try:
+                line = self._printed.get(timeout=left)
+            except queue.Empty:
+                continue
+            assert line, f"the run ended first: {self.lines[-3:]}"
+            self.lines.append(line.rstrip("\n"))
+
+    def to_the_end(self) -> str:
+        """Everything the run printed, once it has ended."""
+        while line := self._printed.get(timeout=60):
+            self.lines.append(line.rstrip("\n"))
+        return "".join(line + "\n" for line in self.lines)
 
 
 class Terminal:
@@ -229,6 +277,34 @@ def test_simulate_stops_by_itself_after_its_duration(kafka: LocalService, tmp_pa
     # slowly the machine publishes them.
     assert len(seconds) == duration_s, sorted(seconds)
     assert max(seconds) - min(seconds) == duration_s - 1, sorted(seconds)
+
+
+def test_run_stops_by_itself_after_its_duration(
+    kafka: LocalService, redis_server: LocalService, tmp_path: Path
+) -> None:
+    engine = tmp_path / "engine.yaml"
+    settings = {
+        "kafka": {"bootstrap_servers": kafka.address, "topics": ["run.duration"]},
+        "redis": {"host": redis_server.host, "port": redis_server.port, "key_prefix": "duration"},
+        "spark": {"checkpoint": str(tmp_path / "checkpoint")},
+        "metrics": {"port": 0},
+    }
+    engine.write_text(yaml.safe_dump(settings))
+    duration_s = 3
+    result = subprocess.run(
+        [QUOTASTREAM, "run", "--engine-config", str(engine), "--duration", str(duration_s)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == EXIT_OK, result.stderr[-3000:]
+    assert noise_in(result.stdout + result.stderr) == []
+    *watched, final = result.stdout.splitlines()
+    assert final.startswith("quotastream: final: "), result.stdout
+    # A summary a second while it watched, from the moment the query ran.
+    assert 1 <= len(watched) <= duration_s + 1, watched
 
 
 def test_simulate_fails_in_one_line_when_kafka_is_unreachable(tmp_path: Path) -> None:
