@@ -210,7 +210,10 @@ def test_the_engine_publishes_each_partitions_remote_log_size_as_the_broker_repo
         moved = {topic: leader_of(address, topic) for topic in (kept, sized)}
         assert all(moved[topic] != leaders[topic] for topic in moved), (leaders, moved)
 
-        # Converged: every size agrees, and neither they nor the metadata topic changed for 3 s.
+        # Converged: the broker's retention has deleted segments of `sized` (its task runs
+        # every 0.5 s, late on a busy machine), every size agrees, and neither they nor the
+        # metadata topic changed for 3 s.
+        published = "quotastream_remote_log_events_published_total"
         deadline, last, steady_since = time.monotonic() + 120, None, time.monotonic()
         while True:
             state = (
@@ -221,18 +224,15 @@ def test_the_engine_publishes_each_partitions_remote_log_size_as_the_broker_repo
             if state != last:
                 last, steady_since = state, time.monotonic()
             broker, engine = state[0], state[1]
-            if broker == engine and time.monotonic() - steady_since >= 3:
+            deleted = bridge.sample(published, event="delete_finished")
+            if deleted and broker == engine and time.monotonic() - steady_since >= 3:
                 break
-            assert time.monotonic() < deadline, f"broker {broker} != engine {engine}"
+            assert time.monotonic() < deadline, f"broker {broker}, engine {engine}, {deleted=}"
             time.sleep(0.5)
     finally:
         query.stop()
     assert all(size > 0 for size in engine.values()), engine
-    published = "quotastream_remote_log_events_published_total"
-    deleted = bridge.sample(published, event="delete_finished")
-    copied = bridge.sample(published, event="copy_finished")
-    assert deleted > 0  # the broker's retention deleted segments of `sized`
-    assert copied > deleted
+    assert bridge.sample(published, event="copy_finished") > deleted
     assert bridge.sample("quotastream_remote_log_dead_letters_total", reason=UNDECODABLE) == 0
 
 
