@@ -705,7 +705,9 @@ def test_a_run_over_tls_as_the_engine_user_decides_and_writes_no_secret(
         tmp_path,
         topic,
         servers.broker.address,
-        servers.engine_redis(),
+        # Decisions outlive the test: keys written at the first batch's time expire ``keep_ms``
+        # after it (docs/redis.md), and a slow first batch can take most of the default 30 s.
+        {**servers.engine_redis(), "keep_ms": 3_600_000},
         kafka={"client": servers.engine_kafka_client()},
         spark={"conf": {"spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={temporary}"}},
         metrics={"port": 0},

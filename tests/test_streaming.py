@@ -62,7 +62,9 @@ def engine_settings(
     base = EngineSettings.model_validate(
         {
             "events": {"max_past_ms": None, "max_future_ms": None},
-            "redis": {"key_prefix": topic},
+            # Decisions outlive the test: keys expire ``keep_ms`` after their batch's time
+            # (docs/redis.md), which a slow machine's batches can take most of.
+            "redis": {"key_prefix": topic, "keep_ms": 3_600_000},
             "spark": {"shards": 4, "shuffle_partitions": shuffle_partitions},
         }
     )
