@@ -22,9 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-# Re-exported (an explicit alias, as mypy wants): state.shard and streaming.engine.sinks import
-# it here.
-from state.keyed_table import decode_keyed, encode_keyed
+from state.keyed_table import KeyedColumns
 from state.timer_stats import TimerStats
 from state.timing_wheel import TimingWheel
 
@@ -32,6 +30,8 @@ EXPIRED = "expired"
 SUPERSEDED = "superseded"
 
 _FORMAT = b"quotastream.throttle_timers.1"
+#: The timers' own columns; the others are the decisions' payload.
+_HANDLE = "handle"
 
 
 class TimersDecodeError(ValueError):
@@ -41,12 +41,16 @@ class TimersDecodeError(ValueError):
 class ThrottleTimers:
     """Pending throttles of one state shard, keyed by decision key, in one timing wheel.
 
-    ``pending`` is indexed by key and holds ``handle``, ``until`` and the payload columns.
+    ``pending`` holds, per key, ``handle``, ``until`` and the payload columns.
     """
 
-    def __init__(self, wheel: TimingWheel, pending: pd.DataFrame | None = None) -> None:
+    def __init__(self, wheel: TimingWheel, pending: KeyedColumns | None = None) -> None:
         self.wheel = wheel
-        self.pending = pending if pending is not None else _empty(["until"])
+        self.pending = (
+            pending
+            if pending is not None
+            else KeyedColumns.empty({_HANDLE: np.int64, "until": np.int64})
+        )
 
     @classmethod
     def empty(cls, tick_ms: int, wheel_size: int, now_ms: int) -> ThrottleTimers:
@@ -68,82 +72,79 @@ class ThrottleTimers:
         ``released_at`` (nullable) and ``notice`` (None, or why a pending throttle ended).
         """
         expired = self._expire(now_ms)
-        replaced = self._take(decisions.index).index
+        keys = decisions.index
+        replaced = self._take(keys)
         throttled = decisions["throttle_ms"].to_numpy() > 0
         if "enforced" in decisions:
             throttled &= decisions["enforced"].to_numpy(dtype=np.bool_)
         added = self.wheel.add(decisions["until"].to_numpy(dtype=np.int64)[throttled])
-        rows = decisions.copy()
-        released_at = np.full(len(rows), -1, dtype=np.int64)
+        released_at = np.full(len(decisions), -1, dtype=np.int64)
         over_at_once = np.flatnonzero(throttled)[added.due]
         released_at[over_at_once] = self.wheel.now_ms
-        rows["released_at"] = _nullable(released_at)
-        still_pending = np.zeros(len(rows), dtype=np.bool_)
-        still_pending[np.flatnonzero(throttled)[~added.due]] = True
-        notice = np.full(len(rows), None, dtype=object)
-        superseded = rows.index.isin(replaced) & ~still_pending
+        still_pending = np.flatnonzero(throttled)[~added.due]
+        notice = np.full(len(decisions), None, dtype=object)
+        superseded = replaced.copy()
+        superseded[still_pending] = False
         notice[superseded] = SUPERSEDED
         # A key whose timer fired in this step and that has a new decision reports the new
         # decision, with the expiry notice so that waiting agents wake up and read it.
-        notice[rows.index.isin(expired.index)] = EXPIRED
-        rows["notice"] = notice
-        new = rows.iloc[np.flatnonzero(still_pending)].drop(columns=["released_at", "notice"])
-        new["handle"] = added.handles[~added.due]
-        self.pending = pd.concat([self.pending, new]) if len(self.pending) else new
-        only_expired = expired[~expired.index.isin(rows.index)]
-        if len(only_expired):
-            return pd.concat([rows, only_expired])
-        return rows
+        decided_expiry = expired.positions_of(keys) >= 0
+        notice[decided_expiry] = EXPIRED
+        new = KeyedColumns.of_frame(decisions.iloc[still_pending])
+        self.pending = self.pending.upserted(new.with_column(_HANDLE, added.handles[~added.due]))
+        only_expired = expired.rows(keys.get_indexer(pd.Index(expired.keys)) < 0)
+        if not len(only_expired):
+            return decisions.assign(released_at=_nullable(released_at), notice=notice)
+        payload = only_expired.without_column(_HANDLE)
+        released = np.full(len(only_expired), self.wheel.now_ms, dtype=np.int64)
+        return pd.DataFrame(
+            {
+                **{
+                    name: np.concatenate([decisions[name].to_numpy(), payload[name]])
+                    for name in decisions.columns
+                },
+                "released_at": _nullable(np.concatenate([released_at, released])),
+                "notice": np.concatenate([notice, np.full(len(only_expired), EXPIRED, object)]),
+            },
+            index=pd.Index(np.concatenate([keys.to_numpy(dtype=object), payload.keys])),
+        )
 
     # ------------------------------------------------------------------ encoding
     def encode(self) -> bytes:
-        return encode_keyed(self.pending, {b"format": _FORMAT, b"wheel": self.wheel.encode()})
+        return self.pending.encode({b"format": _FORMAT, b"wheel": self.wheel.encode()})
 
     @classmethod
     def decode(cls, data: bytes) -> ThrottleTimers:
-        pending, metadata = decode_keyed(data, _FORMAT, "throttle timers", TimersDecodeError)
+        pending, metadata = KeyedColumns.decode(data, _FORMAT, "throttle timers", TimersDecodeError)
         return cls(TimingWheel.decode(metadata[b"wheel"]), pending)
 
     # ------------------------------------------------------------------ internals
-    def _expire(self, now_ms: int) -> pd.DataFrame:
+    def _expire(self, now_ms: int) -> KeyedColumns:
+        """The pending rows whose timers fire by ``now_ms``, in firing order; they leave."""
         fired = self.wheel.advance(now_ms)
         if not len(fired.handles):
-            return self._report(self.pending.iloc[:0], np.zeros(0, dtype=np.int64), EXPIRED)
-        by_handle = pd.Index(self.pending["handle"].to_numpy(dtype=np.int64))
-        rows = by_handle.get_indexer(pd.Index(fired.handles))
-        done = self.pending.iloc[rows]
-        self.pending = self.pending.drop(index=done.index)
-        # Released now, which is up to one step after the rounded expiration.
-        released_at = np.full(len(done), self.wheel.now_ms, dtype=np.int64)
-        return self._report(done, released_at, EXPIRED)
+            return self.pending.rows(np.zeros(0, dtype=np.intp))
+        rows = pd.Index(self.pending[_HANDLE]).get_indexer(pd.Index(fired.handles))
+        done = self.pending.rows(rows)
+        left = np.ones(len(self.pending), dtype=np.bool_)
+        left[rows] = False
+        self.pending = self.pending.rows(left)
+        return done
 
-    def _take(self, keys: pd.Index) -> pd.DataFrame:
-        """Cancel the timers of keys that have one; returns their pending rows."""
-        present = self.pending.index.isin(keys)
-        taken = self.pending[present]
-        self.wheel.cancel(taken["handle"].to_numpy(dtype=np.int64))
-        self.pending = self.pending[~present]
-        return taken
-
-    @staticmethod
-    def _report(
-        rows: pd.DataFrame, released_at: npt.NDArray[np.int64], notice: str
-    ) -> pd.DataFrame:
-        report = rows.drop(columns="handle", errors="ignore").copy()
-        report["released_at"] = _nullable(released_at)
-        report["notice"] = notice
-        return report
+    def _take(self, keys: pd.Index) -> npt.NDArray[np.bool_]:
+        """Cancel the timers of keys that have one; which of ``keys`` had one."""
+        at = self.pending.positions_of(keys)
+        had = at >= 0
+        if had.any():
+            taken = np.sort(at[had])
+            self.wheel.cancel(self.pending[_HANDLE][taken])
+            left = np.ones(len(self.pending), dtype=np.bool_)
+            left[taken] = False
+            self.pending = self.pending.rows(left)
+        return had
 
 
 def _nullable(values: npt.NDArray[np.int64]) -> pd.api.extensions.ExtensionArray:
     """Epoch milliseconds, null where negative."""
-    nullable: pd.api.extensions.ExtensionArray = (
-        pd.Series(values, dtype="Int64").mask(values < 0).array
-    )
+    nullable: pd.api.extensions.ExtensionArray = pd.arrays.IntegerArray(values, values < 0)
     return nullable
-
-
-def _empty(columns: list[str]) -> pd.DataFrame:
-    frame = pd.DataFrame({name: np.zeros(0, dtype=np.int64) for name in ["handle", *columns]})
-    frame.index = pd.Index([], dtype=object)
-    return frame

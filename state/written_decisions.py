@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from state.keyed_table import decode_keyed, encode_keyed
+from state.keyed_table import KeyedColumns
 
 _FORMAT = b"quotastream.written_decisions.1"
 
@@ -62,14 +62,14 @@ class WritePolicy:
 class WrittenDecisions:
     """The keys one shard has written and Redis still holds, with what each holds."""
 
-    def __init__(self, held: pd.DataFrame | None = None) -> None:
-        self.held = held if held is not None else _empty()
+    def __init__(self, held: KeyedColumns | None = None) -> None:
+        self.held = held if held is not None else KeyedColumns.empty(_HELD)
 
     def step(self, now_ms: int, decisions: pd.DataFrame, policy: WritePolicy) -> pd.DataFrame:
         """``decisions`` (indexed by key: ``rate``, ``limit``, ``throttle_ms``, ``until``,
         ``mode``, ``config_version``, ``released_at``, ``notice``) with ``write`` (whether to
         write it) and ``expire_at`` (when its key expires, if written); remembers the written."""
-        self.held = self.held[self.held["expire_at"].to_numpy() > now_ms]
+        held = self.held.rows(self.held["expire_at"] > now_ms)
         rate = decisions["rate"].to_numpy(dtype=np.float64)
         limit = decisions["limit"].to_numpy(dtype=np.float64)
         mode = decisions["mode"].to_numpy(dtype=object)
@@ -80,20 +80,21 @@ class WrittenDecisions:
         ending = decisions["notice"].notna().to_numpy()
         # NaN (unlimited) compares false: never near.
         near = rate >= policy.near_limit * limit
-        at = self.held.index.get_indexer(decisions.index)
+        at = held.positions_of(decisions.index)
         known = at >= 0
-        held = self.held.iloc[at[known]]
+        holds = held.rows(at[known])
         differs = np.zeros(len(decisions), dtype=np.bool_)
         differs[known] = (
-            ~_same_limit(limit[known], held["limit"].to_numpy(dtype=np.float64))
-            | (mode[known] != held["mode"].to_numpy(dtype=object))
-            | (version[known] != held["config_version"].to_numpy(dtype=np.int64))
-            | (near[known] != held["near_limit"].to_numpy(dtype=np.bool_))
+            ~_same_limit(limit[known], holds["limit"])
+            | (mode[known] != holds["mode"])
+            | (version[known] != holds["config_version"])
+            | (near[known] != holds["near_limit"])
         )
         write = throttling | ending | near | differs
         until = decisions["until"].to_numpy(dtype=np.int64)
         expire_at = np.maximum(until, now_ms + policy.keep_ms)
-        written = pd.DataFrame(
+        written = KeyedColumns(
+            decisions.index.to_numpy(dtype=object)[write],
             {
                 "expire_at": expire_at[write],
                 "limit": limit[write],
@@ -101,29 +102,21 @@ class WrittenDecisions:
                 "config_version": version[write],
                 "near_limit": near[write],
             },
-            index=decisions.index[write],
         )
-        kept = self.held[~self.held.index.isin(written.index)]
-        self.held = pd.concat([kept, written]) if len(kept) else written
+        self.held = held.upserted(written)
         return decisions.assign(write=write, expire_at=expire_at)
 
     # ------------------------------------------------------------------ encoding
     def encode(self) -> bytes:
-        return encode_keyed(self.held, {b"format": _FORMAT})
+        return self.held.encode({b"format": _FORMAT})
 
     @classmethod
     def decode(cls, data: bytes) -> WrittenDecisions:
         what = "written decisions"
-        held, _ = decode_keyed(data, _FORMAT, what, WrittenDecisionsDecodeError)
+        held, _ = KeyedColumns.decode(data, _FORMAT, what, WrittenDecisionsDecodeError)
         return cls(held.astype(_HELD))
 
 
 def _same_limit(a: npt.NDArray[np.float64], b: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
     same: npt.NDArray[np.bool_] = (a == b) | (np.isnan(a) & np.isnan(b))
     return same
-
-
-def _empty() -> pd.DataFrame:
-    frame = pd.DataFrame({name: np.zeros(0, dtype=dtype) for name, dtype in _HELD.items()})
-    frame.index = pd.Index([], dtype=object)
-    return frame

@@ -56,6 +56,7 @@ LAYERS: Final[Mapping[str, str]] = {
     "test_rolling.py": "core",
     "test_throttle.py": "core",
     "test_throttle_timers.py": "core",
+    "test_keyed_table.py": "core",
     "test_written_decisions.py": "core",
     "test_throttled_time.py": "core",
     "test_timing_wheel.py": "core",

@@ -214,6 +214,6 @@ def test_the_table_round_trips_and_refuses_other_bytes() -> None:
     out = written.step(NOW, frame, WritePolicy(keep_ms=100, near_limit=0.8))
     assert out["write"].tolist() == [True, False]
     again = WrittenDecisions.decode(written.encode())
-    pd.testing.assert_frame_equal(again.held, written.held)
+    pd.testing.assert_frame_equal(again.held.frame(), written.held.frame())
     with pytest.raises(WrittenDecisionsDecodeError):
         WrittenDecisions.decode(b"not arrow")
