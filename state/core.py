@@ -16,7 +16,7 @@ and the usage counter (entity) of every event, records the bytes in that type's
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -295,8 +295,13 @@ class QuotaCore:
         ``position``, ``kind``, ``throttled`` and ``in_sync`` are optional (row number, none,
         false, false).
         """
+        return pd.DataFrame(self.record_columns(resolved), columns=list(DECISION_COLUMNS))
+
+    def record_columns(self, resolved: pd.DataFrame) -> dict[str, Any]:
+        """:meth:`record`'s decisions as columns (numpy arrays, and pandas arrays for
+        ``kind``, ``quota``, ``entity`` and ``partition_key``): for a caller that picks a few
+        rows, without the cost of a frame of them all."""
         size = len(resolved)
-        resolved = _with_defaults(resolved)
         quota = resolved["quota"].astype(QUOTA_DTYPE)
         quota_codes = quota.cat.codes.to_numpy()
         # Unsorted: the names are only looked up by code (sorting them costs more than hashing).
@@ -307,9 +312,9 @@ class QuotaCore:
         exceeded = np.zeros(size, dtype=np.bool_)
         partition_key = resolved["partition_key"].array
         out: dict[str, Any] = {
-            "position": resolved["position"].to_numpy(),
+            "position": _optional(resolved, "position"),
             "ts": ts,
-            "kind": resolved["kind"].array,
+            "kind": _optional(resolved, "kind"),
             "quota": quota.array,
             "entity": resolved["entity"].array,
             "rate": np.full(size, np.nan),
@@ -319,7 +324,7 @@ class QuotaCore:
             "window_ms": np.zeros(size, dtype=np.int64),
             "late": np.zeros(size, dtype=np.bool_),
             "level": resolved["level"].to_numpy(),
-            "throttled": resolved["throttled"].to_numpy(),
+            "throttled": _optional(resolved, "throttled"),
             "leave_out": np.zeros(size, dtype=np.bool_),
             "skip_remote": np.zeros(size, dtype=np.bool_),
             "partition_key": partition_key,
@@ -346,10 +351,10 @@ class QuotaCore:
                     resolved.iloc[rows], measured, out["throttle_ms"][rows]
                 )
         replication = np.isin(quota_codes, [_QUOTA_TYPES.index(q) for q in _REPLICATION])
-        in_sync = resolved["in_sync"].to_numpy().astype(np.bool_, copy=False)
+        in_sync = _optional(resolved, "in_sync").astype(np.bool_, copy=False)
         out["leave_out"] = replication & out["throttled"] & ~in_sync & exceeded
         out["skip_remote"] = (quota_codes == _QUOTA_TYPES.index(QuotaType.REMOTE_FETCH)) & exceeded
-        return pd.DataFrame(out, columns=list(DECISION_COLUMNS))
+        return out
 
     def evict_idle(self, horizon_ms: int) -> int:
         """Forget entities whose windows are empty at ``horizon_ms``; returns how many."""
@@ -481,17 +486,22 @@ class QuotaCore:
         return _Entities(broker_keys(None, size=1), of_event, limit, level)
 
 
-def _with_defaults(resolved: pd.DataFrame) -> pd.DataFrame:
-    """``resolved`` with the optional columns of :meth:`QuotaCore.record` filled in."""
-    size = len(resolved)
-    defaults: dict[str, Any] = {
-        "position": lambda: np.arange(size, dtype=np.int64),
-        "kind": lambda: _from_codes(np.full(size, -1, dtype=np.int64), KIND_DTYPE.categories),
-        "throttled": lambda: np.zeros(size, dtype=np.bool_),
-        "in_sync": lambda: np.zeros(size, dtype=np.bool_),
-    }
-    missing = {name: make() for name, make in defaults.items() if name not in resolved}
-    return resolved.assign(**missing) if missing else resolved
+#: The optional columns of :meth:`QuotaCore.record`'s input: their defaults, for a size.
+_OPTIONAL: dict[str, Callable[[int], Any]] = {
+    "position": lambda size: np.arange(size, dtype=np.int64),
+    "kind": lambda size: _from_codes(np.full(size, -1, dtype=np.int64), KIND_DTYPE.categories),
+    "throttled": lambda size: np.zeros(size, dtype=np.bool_),
+    "in_sync": lambda size: np.zeros(size, dtype=np.bool_),
+}
+
+
+def _optional(resolved: pd.DataFrame, name: str) -> Any:
+    """Optional column ``name`` of :meth:`QuotaCore.record`'s input, or its default (no new
+    frame: assigning the defaults cost more than recording a tiny batch)."""
+    if name not in resolved:
+        return _OPTIONAL[name](len(resolved))
+    column = resolved[name]
+    return column.array if name == "kind" else column.to_numpy()
 
 
 def _copy_partitions(

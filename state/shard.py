@@ -215,22 +215,22 @@ def latest_decisions(core: QuotaCore, usage: pd.DataFrame) -> pd.DataFrame:
     ts = usage["ts"].to_numpy(dtype=np.int64)
     order = None if bool(np.all(ts[1:] >= ts[:-1])) else np.argsort(ts, kind="stable")
     in_order = usage if order is None else usage.take(order)
-    decided = core.record(in_order.reset_index(drop=True))
+    decided = core.record_columns(in_order.reset_index(drop=True))
     columns = {
-        "quota": decided["quota"].astype(str).to_numpy(dtype=object),
-        "entity": decided["entity"].astype(str).to_numpy(dtype=object),
-        **{name: decided[name].to_numpy() for name in _DECIDED_FIELDS},
+        "quota": np.asarray(decided["quota"], dtype=object),
+        "entity": np.asarray(decided["entity"], dtype=object),
+        **{name: decided[name] for name in _DECIDED_FIELDS},
         "config_version": in_order["config_version"].to_numpy(dtype=np.int64),
         "mode": in_order["mode"].to_numpy(dtype=object),
     }
     # A remote_copy decision is also published per partition: its fair wait
     # (docs/semantics.md).
-    copies = decided["partition_key"].notna().to_numpy()
+    partition_key = np.asarray(decided["partition_key"], dtype=object)
+    copies = pd.notna(partition_key)
     if copies.any():
         per_partition = {name: column[copies] for name, column in columns.items()}
-        keys = decided["partition_key"].to_numpy(dtype=object)[copies]
-        per_partition["entity"] = keys.astype(str).astype(object)
-        per_partition["throttle_ms"] = decided["partition_wait_ms"].to_numpy()[copies]
+        per_partition["entity"] = partition_key[copies].astype(str).astype(object)
+        per_partition["throttle_ms"] = decided["partition_wait_ms"][copies]
         columns = {
             name: np.concatenate([column, per_partition[name]]) for name, column in columns.items()
         }
