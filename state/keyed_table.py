@@ -56,6 +56,12 @@ class KeyedColumns:
             self.keys[which], {name: values[which] for name, values in self.columns.items()}
         )
 
+    def without(self, positions: npt.NDArray[np.intp]) -> KeyedColumns:
+        """All rows but those at ``positions``, in their order."""
+        left = np.ones(len(self), dtype=np.bool_)
+        left[positions] = False
+        return self.rows(left)
+
     def with_column(self, name: str, values: npt.NDArray[Any]) -> KeyedColumns:
         return KeyedColumns(self.keys, {**self.columns, name: values})
 
@@ -84,13 +90,12 @@ class KeyedColumns:
                 f"{sorted(self.columns)}"
             )
         at = self.positions_of(newer.keys)
-        keep = np.ones(len(self), dtype=np.bool_)
-        keep[at[at >= 0]] = False
+        kept = self.without(at[at >= 0])
         return KeyedColumns(
-            np.concatenate([self.keys[keep], newer.keys]),
+            np.concatenate([kept.keys, newer.keys]),
             {
-                name: np.concatenate([values[keep], newer.columns[name]])
-                for name, values in self.columns.items()
+                name: np.concatenate([values, newer.columns[name]])
+                for name, values in kept.columns.items()
             },
         )
 

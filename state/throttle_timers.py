@@ -95,17 +95,16 @@ class ThrottleTimers:
         only_expired = expired.rows(keys.get_indexer(pd.Index(expired.keys)) < 0)
         if not len(only_expired):
             return decisions.assign(released_at=_nullable(released_at), notice=notice)
+        # Released now, which is up to one step after the rounded expiration.
+        released_at = np.append(released_at, np.full(len(only_expired), self.wheel.now_ms))
+        notice = np.append(notice, np.full(len(only_expired), EXPIRED, dtype=object))
         payload = only_expired.without_column(_HANDLE)
-        released = np.full(len(only_expired), self.wheel.now_ms, dtype=np.int64)
+        columns = {
+            name: np.concatenate([decisions[name].to_numpy(), payload[name]])
+            for name in decisions.columns
+        }
         return pd.DataFrame(
-            {
-                **{
-                    name: np.concatenate([decisions[name].to_numpy(), payload[name]])
-                    for name in decisions.columns
-                },
-                "released_at": _nullable(np.concatenate([released_at, released])),
-                "notice": np.concatenate([notice, np.full(len(only_expired), EXPIRED, object)]),
-            },
+            {**columns, "released_at": _nullable(released_at), "notice": notice},
             index=pd.Index(np.concatenate([keys.to_numpy(dtype=object), payload.keys])),
         )
 
@@ -126,9 +125,7 @@ class ThrottleTimers:
             return self.pending.rows(np.zeros(0, dtype=np.intp))
         rows = pd.Index(self.pending[_HANDLE]).get_indexer(pd.Index(fired.handles))
         done = self.pending.rows(rows)
-        left = np.ones(len(self.pending), dtype=np.bool_)
-        left[rows] = False
-        self.pending = self.pending.rows(left)
+        self.pending = self.pending.without(rows)
         return done
 
     def _take(self, keys: pd.Index) -> npt.NDArray[np.bool_]:
@@ -138,9 +135,7 @@ class ThrottleTimers:
         if had.any():
             taken = np.sort(at[had])
             self.wheel.cancel(self.pending[_HANDLE][taken])
-            left = np.ones(len(self.pending), dtype=np.bool_)
-            left[taken] = False
-            self.pending = self.pending.rows(left)
+            self.pending = self.pending.without(taken)
         return had
 
 
