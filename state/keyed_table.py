@@ -138,13 +138,10 @@ class KeyedColumns:
         metadata = dict(table.schema.metadata or {})
         if metadata.get(b"format") != expected_format:
             raise error(f"unsupported {what} format {metadata.get(b'format')!r}")
+        if _KEY not in table.column_names:
+            raise error(f"not encoded {what}: no {_KEY!r} column")
         columns = {name: _numpy(table.column(name)) for name in table.column_names if name != _KEY}
-        keys = (
-            _numpy(table.column(_KEY)).astype(object, copy=False)
-            if _KEY in table.column_names
-            else np.zeros(0, dtype=object)
-        )
-        return cls(keys, columns), metadata
+        return cls(_numpy(table.column(_KEY)), columns), metadata
 
 
 def _numpy(column: pa.ChunkedArray) -> npt.NDArray[Any]:
