@@ -3,9 +3,10 @@
 Spark writes a batch's offset log entry before it runs the batch; the entry holds the batch
 time (the one the shards see as ``getCurrentProcessingTimeMs``) and the source's end offsets,
 in which the engine pins the configuration version (the configuration log's end). Spark takes
-the batch time after it has read the sources' ends, so the ends may be older than that time. Each state
-task writes the batch's version of its state partition once its shards are updated, and the
-commit log entry comes last, once the batch's foreachBatch (the Redis writes) has returned.
+the batch time after it has read the sources' ends, so the ends may be older than that time.
+Each state task writes the batch's version of its state partition once its shards are updated,
+and the commit log entry comes last, once the batch's foreachBatch (the Redis writes) has
+returned.
 Tests read it to say *which* batch did something, and how far a batch got, not how long it took.
 """
 
