@@ -51,9 +51,8 @@ CONFIG = parse_quota_config(
 #: generations are in the state at once.
 GENERATIONS_KEPT = -(-(MAX_PAST_MS + WINDOW_MS) // (BATCHES_PER_GENERATION * 1000)) + 1
 #: Python memory a micro-batch may leave behind once warm, as the slope of a least-squares line
-#: through the samples. With the interpreter's own caches left out (``python_bytes_held``) the
-#: samples vary by about 1.5 kB and the slope is 10-20 B a batch; a batch that kept 300 bytes gives
-#: a slope of about 330.
+#: through the samples. Counted as ``python_bytes_held`` counts it, the slope is about 8 B a
+#: batch; a batch that kept 150 bytes more gives a slope of about 165.
 LEAK_BOUND_BYTES_PER_BATCH = 128
 
 
@@ -128,7 +127,8 @@ def run_soak(
     max_past_ms: int | None, generations: int = GENERATIONS, *, trace_memory: bool = True
 ) -> list[Sample]:
     """One sample per generation, taken at its last micro-batch; its Python memory is 0 unless
-    ``trace_memory`` (tracing every allocation makes the run about three times as slow)."""
+    ``trace_memory`` (tracing every allocation, ``TRACED_FRAMES`` deep, makes the run about five
+    times as slow)."""
     clock = SimulatedClock()
     stage = StageSettings(
         # One shard: the state of every entity in one group, as a shard holds it.
