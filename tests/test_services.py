@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from streaming.kafka_broker import (
     LIBS_VARIABLE,
     KafkaCluster,
     MissingKafkaError,
+    _java_command,
+    class_archive,
     kafka_libs,
     kafka_version,
     start_kafka,
@@ -142,6 +145,20 @@ def test_a_three_node_cluster_replicates_and_survives_a_node_restart(
         kafka_cluster.nodes[kafka_cluster.nodes.index(leader)] = restarted
     # Back with its log, it serves clients again.
     assert _round_trip(restarted.address, "replicated", b"three") == [b"one", b"two", b"three"]
+
+
+def test_the_brokers_start_on_the_class_archive_bootstrap_built() -> None:
+    """The broker's command maps ``scripts/bootstrap``'s class archive, and the archive matches
+    the brokers' classpath: with ``-Xshare:on`` a JVM that cannot map it refuses to start."""
+    libs = kafka_libs()
+    archive = class_archive(libs)
+    assert archive.is_file(), "scripts/bootstrap --test-tools builds it"
+    command = _java_command(libs, "kafka.Kafka", "256m")
+    assert f"-XX:SharedArchiveFile={archive}" in command
+    strict = [command[0], "-Xshare:on", *command[1:], "--version"]
+    done = subprocess.run(strict, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split() == [kafka_version(libs)]
 
 
 def test_missing_kafka_jars_name_how_to_fetch_them(
