@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from streaming.class_archive import dump_archive, listing_option, sharing_options
 from streaming.services import (
     LOOPBACK,
     LocalService,
@@ -90,47 +91,31 @@ def kafka_version(libs: Path | None = None) -> str:
 
 
 def class_archive(libs: Path) -> Path:
-    """Where ``scripts/bootstrap`` keeps the class-data archive (AppCDS) of ``libs``' broker:
-    a JVM maps the classes it would otherwise load and verify one by one, so a broker starts
-    in ~3.5 s instead of ~5.5 s (two cores, Kafka 4.3.1). Without it, or with one that does
-    not match the classpath, the JVM loads its classes as usual."""
+    """Where ``scripts/bootstrap --test-tools`` keeps the class-data archive of ``libs``' broker
+    (:mod:`streaming.class_archive`)."""
     return libs.parent / "kafka.jsa"
 
 
 def build_class_archive(libs: Path | None = None) -> Path:
-    """Starts a broker once to list the classes a start loads, and archives them (Java's
-    ``-Xshare:dump``) as :func:`class_archive`; replaces an existing archive."""
+    """Starts a broker once to list the classes a start loads, and archives them as
+    :func:`class_archive`."""
     libs = libs or kafka_libs()
     archive = class_archive(libs)
-    archive.unlink(missing_ok=True)
+    archive.unlink(missing_ok=True)  # the listing broker must load its classes itself
     with tempfile.TemporaryDirectory(prefix="quotastream-classes-") as work:
         listed = Path(work) / "classes.lst"
         # Inherited by the broker's JVM (and its storage tool's, which runs before it).
-        os.environ[_JAVA_OPTIONS] = f"-XX:DumpLoadedClassList={listed}"
+        os.environ[_JAVA_OPTIONS] = listing_option(listed)
         try:
             with start_kafka():
                 pass
         finally:
             del os.environ[_JAVA_OPTIONS]
-        partial = Path(work) / archive.name
-        dump = [
-            java(),
-            _GARBAGE_COLLECTOR,
-            "-Xshare:dump",
-            f"-XX:SharedClassListFile={listed}",
-            f"-XX:SharedArchiveFile={partial}",
-            "-cp",
-            f"{libs}/*",
-        ]
-        done = subprocess.run(dump, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise ServiceError(f"the class archive was not built: {done.stdout}{done.stderr}")
-        shutil.move(partial, archive)
-    return archive
+        return dump_archive(java(), listed, archive, f"{libs}/*", [_GARBAGE_COLLECTOR])
 
 
 _JAVA_OPTIONS = "JAVA_TOOL_OPTIONS"
-#: The brokers' collector: an archive dumped with the collector it is used with.
+#: The brokers' collector (an archive is dumped with the collector it is used with).
 _GARBAGE_COLLECTOR = "-XX:+UseSerialGC"
 
 
@@ -556,12 +541,11 @@ def _java_command(
 ) -> list[str]:
     """``quick_exit``: a tool that runs for a moment, spent starting the JVM, which the
     optimising compiler (C2) only slows."""
-    archive = class_archive(libs)
     return [
         java(),
         f"-Xmx{heap}",
         _GARBAGE_COLLECTOR,
-        *([f"-XX:SharedArchiveFile={archive}"] if archive.is_file() else []),
+        *sharing_options(class_archive(libs)),
         *(["-XX:TieredStopAtLevel=1"] if quick_exit else []),
         "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={_LOG_CONFIG}",
@@ -602,7 +586,3 @@ def _wait_for_nodes(nodes: Sequence[KafkaNode], timeout: float) -> None:
             if b"Address already in use" in node.log_path.read_bytes():
                 raise _PortTakenError(str(error)) from error
             raise
-
-
-if __name__ == "__main__":
-    print(build_class_archive())

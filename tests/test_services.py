@@ -7,13 +7,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyspark
 import pytest
 import redis
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
+from pyspark.sql import SparkSession
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from streaming.build_archives import driver_jvm
+from streaming.engine.job import driver_class_archive
 from streaming.kafka_broker import (
     FETCH_KAFKA,
     LIBS_VARIABLE,
@@ -159,6 +163,31 @@ def test_the_brokers_start_on_the_class_archive_bootstrap_built() -> None:
     done = subprocess.run(strict, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.split() == [kafka_version(libs)]
+
+
+def test_the_spark_driver_starts_on_the_class_archive_bootstrap_built(
+    spark: SparkSession,
+) -> None:
+    """The session's driver was started on ``scripts/bootstrap``'s class archive, and the
+    archive matches that JVM's classpath and modules: with ``-Xshare:on`` a JVM that cannot map
+    it refuses to start."""
+    archive = driver_class_archive()
+    assert archive.is_file(), "scripts/bootstrap --test-tools builds it"
+    driver = driver_jvm(spark)
+    assert f"-XX:SharedArchiveFile={archive}" in driver.options
+    strict = [
+        driver.java,
+        "-Xshare:on",
+        f"-XX:SharedArchiveFile={archive}",
+        *driver.modules,
+        "-cp",
+        driver.classpath,
+        "org.apache.spark.deploy.SparkSubmit",
+        "--version",
+    ]
+    done = subprocess.run(strict, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"version {pyspark.__version__}" in done.stdout + done.stderr
 
 
 def test_missing_kafka_jars_name_how_to_fetch_them(

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyspark
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming.query import StreamingQuery
@@ -36,6 +37,7 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from state.config import QuotaConfig
 from state.shard import ShardState
+from streaming.class_archive import sharing_options
 from streaming.engine.config_log import ConfigLog, ConfigSource
 from streaming.engine.exporter import EngineMetrics
 from streaming.engine.kafka_source import engine_source
@@ -67,7 +69,8 @@ def local_spark(settings: EngineSettings, app_name: str = "quotastream") -> Spar
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     conf = dict(settings.spark.conf)
     # Stopping a query whose foreachBatch is running overflowed the default thread stack.
-    java_options = f"-Xss16m -Dlog4j2.configurationFile={LOG4J_CONFIG}"
+    archive = sharing_options(driver_class_archive())
+    java_options = " ".join(["-Xss16m", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}", *archive])
     # Options of the operator's own come after the engine's, so theirs win.
     own_options = conf.pop("spark.driver.extraJavaOptions", "")
     builder: Any = (
@@ -91,6 +94,13 @@ def local_spark(settings: EngineSettings, app_name: str = "quotastream") -> Spar
         builder = builder.config(key, value)
     spark: SparkSession = builder.getOrCreate()
     return spark
+
+
+def driver_class_archive() -> Path:
+    """Where ``scripts/bootstrap --test-tools`` keeps the class-data archive of the driver's JVM
+    (:mod:`streaming.class_archive`): in this environment, named by the pyspark release whose
+    jars it holds."""
+    return Path(sys.prefix) / f"spark-driver-{pyspark.__version__}.jsa"
 
 
 #: The driver's log configuration that :func:`local_spark` passes to the JVM.
