@@ -46,8 +46,12 @@ class DriverJvm:
 
     java: str
     classpath: str  # as the launcher expanded it
-    modules: list[str]  # its --add-modules options
     options: list[str]  # every option it was started with
+
+    @property
+    def modules(self) -> list[str]:
+        """Its ``--add-modules`` options."""
+        return [option for option in self.options if option.startswith("--add-modules")]
 
 
 def driver_jvm(spark: SparkSession) -> DriverJvm:
@@ -60,7 +64,6 @@ def driver_jvm(spark: SparkSession) -> DriverJvm:
     return DriverJvm(
         java=f"{system.getProperty('java.home')}/bin/java",
         classpath=system.getProperty("java.class.path"),
-        modules=[option for option in options if option.startswith("--add-modules")],
         options=options,
     )
 

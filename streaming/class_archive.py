@@ -3,8 +3,8 @@
 A JVM that maps an archive of the classes a start loads skips loading and verifying them one
 by one: on two cores a Kafka broker starts in ~3.5 s instead of ~5.5 s, and a local Spark
 session in ~6.5 s instead of ~12 s (its first query ~3.5 s instead of ~7 s). ``scripts/bootstrap
---test-tools`` builds both archives once (:mod:`streaming.kafka_broker`,
-:mod:`streaming.engine.job`): a JVM started once lists the classes it loads, and
+--test-tools`` builds both archives once (:mod:`streaming.build_archives`; the broker's and the
+driver's JVMs map them when present): a JVM started once lists the classes it loads, and
 ``-Xshare:dump`` archives them for that JVM's classpath. The JVM checks an archive against its
 own classpath and options and, where they differ, loads its classes as usual: a stale archive
 costs time, never correctness.

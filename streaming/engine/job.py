@@ -69,8 +69,8 @@ def local_spark(settings: EngineSettings, app_name: str = "quotastream") -> Spar
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     conf = dict(settings.spark.conf)
     # Stopping a query whose foreachBatch is running overflowed the default thread stack.
-    archive = sharing_options(driver_class_archive())
-    java_options = " ".join(["-Xss16m", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}", *archive])
+    sharing = sharing_options(driver_class_archive())
+    java_options = " ".join(["-Xss16m", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}", *sharing])
     # Options of the operator's own come after the engine's, so theirs win.
     own_options = conf.pop("spark.driver.extraJavaOptions", "")
     builder: Any = (
