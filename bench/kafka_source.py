@@ -52,7 +52,8 @@ from results import record  # bench/ is on sys.path when a script in it runs
 from streaming.engine.job import local_spark, source_options
 from streaming.engine.kafka_source import engine_source
 from streaming.engine.settings import EngineSettings
-from streaming.engine.stages import STAGE_SCHEMA, KafkaRecords, StageSettings, staged_batches
+from streaming.engine.source_records import KafkaRecords
+from streaming.engine.stages import STAGE_SCHEMA, StageSettings, staged_batches
 from streaming.kafka_broker import start_kafka
 from streaming.services import LocalService
 

@@ -53,8 +53,8 @@ from streaming.engine.kafka_source import KafkaStreamReader
 from streaming.engine.offsets import SourceOptions, records_read
 from streaming.engine.settings import EngineSettings
 from streaming.engine.sinks import SinkSettings, write_batches
+from streaming.engine.source_records import KafkaRecords
 from streaming.engine.stages import (
-    KafkaRecords,
     StageSettings,
     packed_by_shard,
     shard_rows,

@@ -9,9 +9,8 @@ from collections.abc import Iterable
 
 import pandas as pd
 
+from streaming.engine.source_records import RECORDS_PER_CHUNK, KafkaRecords
 from streaming.engine.stages import (
-    RECORDS_PER_CHUNK,
-    KafkaRecords,
     StageSettings,
     packed_by_shard,
     shard_rows,

@@ -41,7 +41,8 @@ from state.live_config import Mode
 from state.shard import ShardState
 from streaming.engine.decision_values import decision_values
 from streaming.engine.settings import EngineSettings, load_engine_settings
-from streaming.engine.stages import DECISION, KafkaRecords, StageSettings, update_shard
+from streaming.engine.source_records import KafkaRecords
+from streaming.engine.stages import DECISION, StageSettings, update_shard
 from streaming.services import LocalService
 from tests.checkpoint import PlannedBatch, committed_batches, planned_batches, states_written
 from tests.expected import (

@@ -4,19 +4,56 @@ from __future__ import annotations
 
 import logging
 import pickle
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaTimeoutError
+from pyspark import cloudpickle
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
+from state.config import parse_quota_config
+from state.events import EventBounds
 from streaming.engine.kafka_clients import end_offsets, new_consumer
-from streaming.engine.kafka_source import DataLossError, KafkaStreamReader
+from streaming.engine.kafka_source import DataLossError, KafkaStreamReader, engine_source
 from streaming.engine.offsets import SourceOptions
+from streaming.engine.stages import StageSettings
 from streaming.kafka_broker import KafkaNode
 from streaming.services import LocalService
+from tests.factories import MIXED_QUOTAS
+
+#: What Spark's planning processes do with a registered source, in a fresh interpreter: unpickle
+#: the class (as Spark pickles it), build the source and its stream reader, ask the schema.
+_PLANNING = """
+import pickle, sys
+source_class = pickle.loads(open(sys.argv[1], "rb").read())
+source = source_class({"kafka.bootstrap.servers": "127.0.0.1:9", "subscribe": "events"})
+reader = source.streamReader(source.schema())
+heavy = ("pandas", "redis", "state.config", "streaming.engine.stages", "streaming.engine.settings")
+print(sorted(name for name in heavy if name in sys.modules))
+"""
+
+
+def test_spark_plans_the_source_without_importing_the_staging_code(tmp_path: Path) -> None:
+    """Each query start runs the source's planning in fresh Python processes (create, plan the
+    reads, the trigger planner): none of them may need pandas, Redis or the quota core, whose
+    imports cost each process over a second. A read gets the very settings the engine bound."""
+    stage = StageSettings(parse_quota_config(MIXED_QUOTAS, "test"), EventBounds(), 65_536, 4)
+    source_class = engine_source(stage)
+    pickled = tmp_path / "source.pickle"
+    pickled.write_bytes(cloudpickle.dumps(source_class))  # type: ignore[no-untyped-call]
+    planning = subprocess.run(
+        [sys.executable, "-c", _PLANNING, str(pickled)], capture_output=True, text=True, check=True
+    )
+    assert planning.stdout.split() == ["[]"], planning.stdout
+    reader = source_class({"kafka.bootstrap.servers": "127.0.0.1:9", "subscribe": "events"})
+    shipped = pickle.loads(pickle.dumps(reader.streamReader(reader.schema())))
+    assert shipped.stage is not None
+    assert shipped.stage.load() == stage
 
 
 @pytest.fixture

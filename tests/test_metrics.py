@@ -22,13 +22,8 @@ from streaming.engine.exported_entities import ExportedEntities
 from streaming.engine.exporter import EngineMetrics, KafkaEnds
 from streaming.engine.metric_names import METRICS
 from streaming.engine.settings import EngineSettings, load_engine_settings
-from streaming.engine.stages import (
-    DECISION,
-    DECISION_SCHEMA,
-    KafkaRecords,
-    StageSettings,
-    update_shard,
-)
+from streaming.engine.source_records import KafkaRecords
+from streaming.engine.stages import DECISION, DECISION_SCHEMA, StageSettings, update_shard
 from streaming.services import LocalService
 from tests.factories import (
     BASE,

@@ -29,11 +29,11 @@ from streaming.commands.live_view import Snapshot
 from streaming.engine.batch_summary import throttled_at
 from streaming.engine.decision_values import decision_values
 from streaming.engine.sinks import SinkSettings, write_batches
+from streaming.engine.source_records import KafkaRecords
 from streaming.engine.stages import (
     DECISION,
     DECISION_SCHEMA,
     TIMERS,
-    KafkaRecords,
     StageSettings,
     staged_batches,
     update_shard,

@@ -27,7 +27,8 @@ from state.events import EventBounds
 from state.shard import ShardState
 from state.throttle_timers import ThrottleTimers
 from state.written_decisions import WritePolicy
-from streaming.engine.stages import KafkaRecords, StageSettings, update_shard
+from streaming.engine.source_records import KafkaRecords
+from streaming.engine.stages import StageSettings, update_shard
 from tests.factories import BASE, produce
 from tests.stage_runs import shard_inputs
 

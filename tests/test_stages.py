@@ -25,16 +25,15 @@ from state.live_config import (
 from state.quota_types import QuotaType
 from state.shard import ShardState
 from streaming.engine import stages
+from streaming.engine.source_records import RECORDS_PER_CHUNK, KafkaRecords
 from streaming.engine.stages import (
     DECISION,
     DECISION_SCHEMA,
     PACKED_SCHEMA,
-    RECORDS_PER_CHUNK,
     REJECT,
     REMOTE_LOG,
     STAGE_SCHEMA,
     TIMERS,
-    KafkaRecords,
     StageSettings,
     staged_batches,
     unpacked,

@@ -32,11 +32,12 @@ Usage::
 from __future__ import annotations
 
 import logging
+import pickle
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 from kafka import KafkaConsumer, TopicPartition
@@ -72,16 +73,11 @@ from streaming.engine.offsets import (
     plan_ranges,
     to_json,
 )
+from streaming.engine.source_records import RECORDS_PER_CHUNK, STAGED_SCHEMA, KafkaRecords
 from streaming.engine.source_status import write_status
-from streaming.engine.stages import (
-    RECORDS_PER_CHUNK,
-    STAGED_SCHEMA,
-    KafkaRecords,
-    StageSettings,
-    packed_by_shard,
-    staged_batches,
-    staged_together,
-)
+
+if TYPE_CHECKING:
+    from streaming.engine.stages import StageSettings
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +107,29 @@ class DataLossError(RuntimeError):
     """Offsets the query still needed are gone from the broker (``failOnDataLoss=true``)."""
 
 
+@dataclass(frozen=True)
+class PickledStage:
+    """Stage settings as the source carries them: pickled, and unpickled only by a read.
+
+    Spark's planning processes unpickle the source and its reader and never read; settings held
+    as objects would make each of them import the staging code (pandas, the quota core) only to
+    rebuild them (``streaming.engine.source_records``)."""
+
+    data: bytes
+
+    @staticmethod
+    def of(stage: StageSettings) -> PickledStage:
+        return PickledStage(pickle.dumps(stage))
+
+    def load(self) -> StageSettings:
+        stage: StageSettings = pickle.loads(self.data)
+        return stage
+
+
 class KafkaSource(DataSource):
     """The engine's source; :func:`engine_source` binds the stage settings its reads need."""
 
-    stage: ClassVar[StageSettings | None] = None
+    stage: ClassVar[PickledStage | None] = None
 
     @classmethod
     @override
@@ -144,12 +159,12 @@ def engine_source(stage: StageSettings) -> type[KafkaSource]:
         def name(cls) -> str:
             return name
 
-    EngineKafkaSource.stage = stage
+    EngineKafkaSource.stage = PickledStage.of(stage)
     return EngineKafkaSource
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: SourceOptions, stage: StageSettings | None = None) -> None:
+    def __init__(self, options: SourceOptions, stage: PickledStage | None = None) -> None:
         self.options = options
         #: How reads stage their records (None: :meth:`records` only, as tests use it).
         self.stage = stage
@@ -283,8 +298,16 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The staged rows of a read task's records, packed per shard (``STAGED_SCHEMA``)."""
         if self.stage is None:
             raise TypeError("this reader has no stage settings: use records()")
+        # Only a read stages: the planning processes never import the staging code.
+        from streaming.engine.stages import (  # noqa: PLC0415
+            packed_by_shard,
+            staged_batches,
+            staged_together,
+        )
+
+        stage = self.stage.load()
         for reads in staged_together(self.records(partition.value)):
-            yield from packed_by_shard(staged_batches(reads, self.stage))
+            yield from packed_by_shard(staged_batches(reads, stage))
 
     def records(self, task: ReadTask) -> Iterator[KafkaRecords]:
         """The records of a read task's ranges, in chunks."""

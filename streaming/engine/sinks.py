@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -44,8 +44,10 @@ from state.timer_stats import TimerStats
 from streaming.engine.batch_summary import SUMMARY_SCHEMA, BatchSummary, SummaryRequest
 from streaming.engine.decision_values import decision_values
 from streaming.engine.kafka_clients import RECONNECT_BACKOFF_MAX_MS, kafka_outage, ride_out
-from streaming.engine.settings import EngineSettings
 from streaming.engine.stages import DECISION, REJECT, REMOTE_LOG, TIMERS, unpacked
+
+if TYPE_CHECKING:
+    from streaming.engine.settings import EngineSettings
 
 log = logging.getLogger(__name__)
 

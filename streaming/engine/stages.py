@@ -23,6 +23,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -40,7 +41,10 @@ from state.remote_log import LINEAGE
 from state.shard import USAGE_COLUMNS, Shard, ShardSettings, ShardState, timer_counts
 from state.timing_wheel import KAFKA_TICK_MS, KAFKA_WHEEL_SIZE
 from state.written_decisions import WritePolicy
-from streaming.engine.settings import EngineSettings
+from streaming.engine.source_records import RECORDS_PER_CHUNK, STAGED_SCHEMA, KafkaRecords
+
+if TYPE_CHECKING:
+    from streaming.engine.settings import EngineSettings
 
 USAGE = "usage"  # a client's or broker's traffic, on its way to its shard
 DECISION = "decision"  # an entity's latest decision (or the release of its throttle)
@@ -79,10 +83,6 @@ STAGE_SCHEMA = pa.schema(
         ("log_end_offset", pa.int64()),
     ]
 )
-#: What the source hands Spark: a read's STAGE_SCHEMA rows for one shard as one Arrow IPC
-#: stream (:func:`packed_by_shard`), so that Spark moves a value per read and shard instead of
-#: converting each row (Arrow to its own rows, shuffled, then to Arrow and pandas again).
-STAGED_SCHEMA = pa.schema([("shard", pa.int32()), ("rows", pa.binary())])
 
 
 @dataclass(frozen=True)
@@ -145,23 +145,6 @@ def shard_of(entities: pd.Series, shards: int) -> npt.NDArray[np.int32]:
     """A stable shard per entity key (the same in every process and run)."""
     hashes = pd.util.hash_array(entities.to_numpy(dtype=object), categorize=True)
     return (hashes % np.uint64(shards)).astype(np.int32)
-
-
-@dataclass(frozen=True)
-class KafkaRecords:
-    """Consecutive records of one topic-partition, and the configuration version their
-    micro-batch decides with."""
-
-    topic: str
-    partition: int
-    offsets: list[int]
-    values: list[bytes | None]
-    config_version: int
-
-
-#: Records fetched per poll and staged together: large enough that the staging's per-call costs
-#: (pandas, Arrow) vanish per record, small enough to bound a worker's memory.
-RECORDS_PER_CHUNK = 100_000
 
 
 def staged_together(

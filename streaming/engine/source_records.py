@@ -1,0 +1,37 @@
+"""What the Kafka source reads and what it hands Spark, apart from the staging code.
+
+Spark runs a Python source's planning in Python processes of their own (one creates the source,
+one plans its reads, one runs its trigger planner), each started anew on the path of every query
+start and each importing ``streaming.engine.kafka_source``. This module is all that source needs
+of the stages' vocabulary, so none of those processes imports pandas or the quota core: on two
+cores that import is ~1.3 s a process (docs/streaming.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+#: What the source hands Spark: a read's stage rows (``streaming.engine.stages.STAGE_SCHEMA``) for
+#: one shard as one Arrow IPC stream (``packed_by_shard``), so that Spark moves a value per read
+#: and shard instead of converting each row (Arrow to its own rows, shuffled, then to Arrow and
+#: pandas again).
+STAGED_SCHEMA = pa.schema([("shard", pa.int32()), ("rows", pa.binary())])
+
+
+@dataclass(frozen=True)
+class KafkaRecords:
+    """Consecutive records of one topic-partition, and the configuration version their
+    micro-batch decides with."""
+
+    topic: str
+    partition: int
+    offsets: list[int]
+    values: list[bytes | None]
+    config_version: int
+
+
+#: Records fetched per poll and staged together: large enough that the staging's per-call costs
+#: (pandas, Arrow) vanish per record, small enough to bound a worker's memory.
+RECORDS_PER_CHUNK = 100_000
