@@ -105,9 +105,15 @@ def engine_file(
 
 
 def chaos_engine_file(
-    tmp_path: Path, kafka: LocalService, redis_server: LocalService, topic: str, **spark: Any
+    tmp_path: Path,
+    kafka: LocalService,
+    redis_server: LocalService,
+    topic: str,
+    records_per_batch: int = 200,
+    **spark: Any,
 ) -> Path:
-    """200 records a micro-batch, one every 200 ms: many batches to kill the driver in."""
+    """``records_per_batch`` records a micro-batch, one every 200 ms: many batches to kill the
+    driver in."""
     return engine_file(
         tmp_path,
         topic,
@@ -119,7 +125,7 @@ def chaos_engine_file(
             # Decisions outlive the test: one that expired during a restart would look unwritten.
             "keep_ms": 3_600_000,
         },
-        kafka={"max_offsets_per_trigger": 200},
+        kafka={"max_offsets_per_trigger": records_per_batch},
         spark={"trigger_ms": 200, **spark},
     )
 
@@ -549,6 +555,9 @@ def test_a_standalone_cluster_loses_a_worker_mid_stream_and_loses_no_byte(
             kafka,
             redis_server,
             topic,
+            # Ten micro-batches: the worker is lost after the fourth (each takes ~2.5 s on a
+            # cluster of two one-core executors).
+            records_per_batch=600,
             master=cluster.url,
             conf={
                 "spark.executor.cores": "1",
