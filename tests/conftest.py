@@ -15,7 +15,9 @@ from pyspark.sql import SparkSession
 
 from streaming.commands.cli import main
 from streaming.engine.job import local_spark
+from streaming.engine.kafka_source import close_worker_consumers
 from streaming.engine.settings import EngineSettings
+from streaming.engine.sinks import close_cached_clients
 from streaming.kafka_broker import (
     KafkaCluster,
     KafkaNode,
@@ -252,6 +254,16 @@ def _started(test: pytest.Function) -> set[str]:
     return started | {
         STARTED_BY_FIXTURE[fixture] for fixture in fixtures & STARTED_BY_FIXTURE.keys()
     }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cached_clients_closed() -> Iterator[None]:
+    """After each module, the clients that in-process reads and writes cached are closed: one
+    left connected to a broker the module stopped reconnects in kafka-python's background thread
+    with the global ``random``'s jitter, under the hypothesis tests of later modules."""
+    yield
+    close_worker_consumers()
+    close_cached_clients()
 
 
 @pytest.fixture(scope="session")

@@ -467,5 +467,14 @@ def _worker_consumer(options: SourceOptions) -> KafkaConsumer:
     return consumer
 
 
+def close_worker_consumers() -> None:
+    """Closes the consumers this process's reads keep. A Python worker keeps them for its life;
+    a process that read in-process (the tests) closes them, so that a consumer of a broker since
+    stopped does not go on reconnecting in kafka-python's background thread."""
+    while _WORKER_CONSUMERS:
+        _, consumer = _WORKER_CONSUMERS.popitem()
+        consumer.close()
+
+
 def _new_consumer(options: SourceOptions) -> KafkaConsumer:
     return new_consumer(options.bootstrap_servers, options.client, options.poll_timeout_ms)

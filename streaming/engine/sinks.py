@@ -311,6 +311,17 @@ _REDIS: dict[tuple[tuple[str, Any], ...], redis.Redis] = {}
 _PRODUCERS: dict[tuple[tuple[str, Any], ...], KafkaProducer] = {}
 
 
+def close_cached_clients() -> None:
+    """Closes the Redis clients and dead-letter producers this process's writes keep (a worker
+    keeps them for its life; see ``kafka_source.close_worker_consumers``)."""
+    while _PRODUCERS:
+        _, producer = _PRODUCERS.popitem()
+        producer.close(timeout=1)
+    while _REDIS:
+        _, client = _REDIS.popitem()
+        client.close()
+
+
 def redis_client(settings: SinkSettings) -> redis.Redis:
     # Keyed by the credentials too: a worker may serve queries that log in differently.
     key = tuple(sorted(settings.redis.items()))
