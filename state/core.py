@@ -16,6 +16,7 @@ and the usage counter (entity) of every event, records the bytes in that type's
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -335,10 +336,16 @@ class QuotaCore:
             if not len(rows):
                 continue
             of_event, distinct = pd.factorize(entity_codes[rows])
-            if self._unloaded is not None:
-                self._unloaded.check_loaded(quota_type, entity_names[distinct])
             measured = self.tables[quota_type].record_and_measure(
-                entity_names[distinct], of_event.astype(np.int64), ts[rows], counted[rows]
+                entity_names[distinct],
+                of_event.astype(np.int64),
+                ts[rows],
+                counted[rows],
+                # A partly restored table holds only restored entities: those it does not hold
+                # yet must be restored ones it has never seen.
+                admit=None
+                if self._unloaded is None
+                else functools.partial(self._unloaded.check_loaded, quota_type),
             )
             rate = measured.rate
             exceeded[rows] = rate > limit[rows]

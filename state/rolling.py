@@ -29,6 +29,7 @@ search over the sorted (entity, sample) pairs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -137,11 +138,14 @@ class RollingTable:
         event_entity: Int64Array,
         ts: Int64Array,
         nbytes: Int64Array,
+        admit: Callable[[npt.NDArray[np.object_]], None] | None = None,
     ) -> Measurement:
         """Record a batch of events (in input order) and measure each one after recording it.
 
         ``entity_keys`` are the distinct entities of the batch, ``event_entity[i]`` indexes the
-        entity of event ``i``. Times are epoch milliseconds (>= 0), bytes are >= 0.
+        entity of event ``i``. Times are epoch milliseconds (>= 0), bytes are >= 0. ``admit`` is
+        shown the keys the table does not hold yet before they are added, and may refuse them
+        by raising: a batch that adds none pays nothing for the check.
         """
         event_entity = np.asarray(event_entity, dtype=np.int64)
         ts = np.asarray(ts, dtype=np.int64)
@@ -151,7 +155,7 @@ class RollingTable:
         keys = np.asarray(entity_keys, dtype=object)
         referenced = np.bincount(event_entity, minlength=len(keys)) > 0
         rows_of_key = np.full(len(keys), -1, dtype=np.int64)
-        rows_of_key[referenced] = self._rows_for(keys[referenced])
+        rows_of_key[referenced] = self._rows_for(keys[referenced], admit)
         return self._record_rows(rows_of_key[event_entity], ts, nbytes)
 
     def evict_idle(self, horizon_ms: int) -> int:
@@ -175,11 +179,17 @@ class RollingTable:
         return dropped
 
     # ------------------------------------------------------------------ internals
-    def _rows_for(self, keys: npt.NDArray[np.object_]) -> Int64Array:
+    def _rows_for(
+        self,
+        keys: npt.NDArray[np.object_],
+        admit: Callable[[npt.NDArray[np.object_]], None] | None,
+    ) -> Int64Array:
         rows = np.asarray(self._keys.get_indexer(pd.Index(keys, dtype=object)), dtype=np.int64)
         missing = rows < 0
         if missing.any():
             new_keys = keys[missing]
+            if admit is not None:
+                admit(new_keys)
             start = len(self._keys)
             rows[missing] = np.arange(start, start + len(new_keys), dtype=np.int64)
             self._keys = self._keys.append(pd.Index(new_keys, dtype=object))

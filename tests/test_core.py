@@ -139,6 +139,20 @@ def test_a_partly_restored_core_refuses_entities_it_did_not_restore() -> None:
         partial.decide(batch)
 
 
+def test_a_partly_restored_core_refuses_a_stored_entity_it_did_not_restore() -> None:
+    """Refused although the state holds it: recorded from empty windows, it would lose them."""
+    batch = events(5, 100)
+    first = QuotaCore(CONFIG)
+    first.decide(batch)
+    touched = touched_by(batch)
+    left_out = touched[QuotaType.PRODUCE][-1]
+    touched[QuotaType.PRODUCE] = touched[QuotaType.PRODUCE][:-1]
+    partial = QuotaCore.restore(CONFIG, first.encode_state(), touched)
+    with pytest.raises(ValueError, match="entities not restored for recording") as refused:
+        partial.decide(batch)
+    assert left_out in str(refused.value)
+
+
 def test_state_of_the_previous_format_resumes_identically() -> None:
     """``tests/data/rolling_format3.arrows``: the windows after ``events(7, 300)``, encoded by
     format 3 (every slot, insertion order) before format 4."""

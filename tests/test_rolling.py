@@ -91,6 +91,36 @@ def test_reference_example_throttles_2100_ms() -> None:
     assert measured.rate[-1] == pytest.approx(600.0)
 
 
+def test_admit_is_shown_only_the_keys_the_table_does_not_hold_and_may_refuse_them() -> None:
+    table = RollingTable(KAFKA)
+    record(table, [Event(0, BASE, 100)])
+    shown: list[list[str]] = []
+
+    def admit(keys: np.ndarray) -> None:
+        shown.append(keys.tolist())
+        if "e2" in shown[-1]:
+            raise ValueError("e2 is not admitted")
+
+    def events_of(*entities: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        count = len(entities)
+        return (
+            np.array([f"e{entity}" for entity in entities], dtype=object),
+            np.arange(count, dtype=np.int64),
+            np.full(count, BASE + 500, dtype=np.int64),
+            np.full(count, 10, dtype=np.int64),
+        )
+
+    table.record_and_measure(*events_of(0), admit=admit)
+    assert shown == []  # held already: nothing to show
+    table.record_and_measure(*events_of(0, 1), admit=admit)
+    assert shown == [["e1"]]
+    with pytest.raises(ValueError, match="e2 is not admitted"):
+        table.record_and_measure(*events_of(1, 2), admit=admit)
+    assert shown[-1] == ["e2"]
+    assert table.keys.tolist() == ["e0", "e1"]  # the refused batch added nothing
+    assert table.retained("e0") == {BASE // 1000: (120, BASE + 500)}
+
+
 def test_rate_pads_a_fresh_entity_but_simple_rate_does_not() -> None:
     """A fresh entity: Rate divides by (samples - 1) windows, SimpleRate by one window."""
     event = [Event(0, BASE + 200, 5000)]
