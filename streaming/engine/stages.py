@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -180,7 +180,8 @@ def staged_batches(
     parsed = parse_events(payloads, bounds, settings.max_payload_bytes)
     is_segment = parsed.accepted["kind"].isin(STORAGE_KINDS).to_numpy()
     if is_segment.any():
-        yield from arrow_rows(_segments(parsed.accepted[is_segment], settings), STAGE_SCHEMA)
+        segments = _segments(parsed.accepted[is_segment], settings)
+        yield from arrow_rows(SEGMENT, segments, STAGE_SCHEMA)
     if len(parsed.accepted):
         version = versions.pop()
         live = settings.live(version)
@@ -193,7 +194,7 @@ def staged_batches(
             version,
         )
         if len(usage):
-            yield from arrow_rows(usage, STAGE_SCHEMA)
+            yield from arrow_rows(USAGE, usage, STAGE_SCHEMA)
     if len(parsed.rejected):
         yield from _rejects(reads, parsed.rejected)
 
@@ -334,8 +335,7 @@ def _usage(
     summed["mode"] = _modes(summed, config)
     summed["config_version"] = version
     summed = summed.drop(columns="sample")
-    summed.insert(0, "row_type", USAGE)
-    summed.insert(1, "shard", shard_of(summed["entity"], settings.shards))
+    summed.insert(0, "shard", shard_of(summed["entity"], settings.shards))
     return summed
 
 
@@ -347,7 +347,6 @@ def _segments(events: pd.DataFrame, settings: StageSettings) -> pd.DataFrame:
     )
     rows = pd.DataFrame(
         {
-            "row_type": SEGMENT,
             "shard": shard_of(partition_keys, settings.shards),
             "ts": events["ts"].to_numpy(),
             "counted_bytes": events["bytes"].to_numpy(),
@@ -371,15 +370,18 @@ def _segments(events: pd.DataFrame, settings: StageSettings) -> pd.DataFrame:
     return rows
 
 
-def arrow_rows(rows: pd.DataFrame, schema: pa.Schema) -> list[pa.RecordBatch]:
-    """``rows`` as ``schema``'s record batches: the columns it has, converted one by one (a
-    whole-frame ``from_pandas`` costs milliseconds per call in its bookkeeping, paid for each
-    small frame of each shard); the others (and its all-None ones) null. Nulls are made in
-    Arrow: as pandas objects, Arrow would check each one (about 1 s of a batch at 1M clients,
-    docs/streaming.md)."""
+def arrow_rows(row_type: str, rows: pd.DataFrame, schema: pa.Schema) -> list[pa.RecordBatch]:
+    """``rows``, all of ``row_type``, as ``schema``'s record batches: the columns it has,
+    converted one by one (a whole-frame ``from_pandas`` costs milliseconds per call in its
+    bookkeeping, paid for each small frame of each shard); the others (and its all-None ones)
+    null. The row type and the nulls are made in Arrow: as pandas objects, Arrow would check
+    each one (about 1 s of a batch at 1M clients for the nulls, docs/streaming.md; 7 ms of a
+    shard's 49k decisions for the row type)."""
     size = len(rows)
     columns = [
-        pa.array(rows[field.name], type=field.type, from_pandas=True)
+        row_types(row_type, size)
+        if field.name == "row_type"
+        else pa.array(rows[field.name], type=field.type, from_pandas=True)
         if field.name in rows and not _all_none(rows[field.name])
         else pa.nulls(size, field.type)
         for field in schema
@@ -387,6 +389,11 @@ def arrow_rows(rows: pd.DataFrame, schema: pa.Schema) -> list[pa.RecordBatch]:
     # A table: a column over 2 GiB (rejected payloads) converts to a chunked array.
     batches: list[pa.RecordBatch] = pa.Table.from_arrays(columns, schema=schema).to_batches()
     return batches
+
+
+def row_types(row_type: str, count: int) -> pa.Array:
+    """The ``row_type`` column of ``count`` rows of that type."""
+    return pa.repeat(pa.scalar(row_type, pa.string()), count)
 
 
 def _all_none(column: pd.Series) -> bool:
@@ -422,7 +429,7 @@ def _rejects(reads: Sequence[KafkaRecords], rejected: pd.DataFrame) -> list[pa.R
     ]
     index = rejected["index"].to_numpy()
     columns = {
-        "row_type": pa.array([REJECT] * count, pa.string()),
+        "row_type": row_types(REJECT, count),
         # Rejects are not sharded: they all pass through the dead-letter group.
         "shard": pa.array(np.full(count, -1, dtype=np.int32)),
         "topic": pa.array(topics, pa.string()),
@@ -529,14 +536,18 @@ def update_shard(
     """Stage 2 for one shard at the micro-batch time ``now_ms``: STAGE_SCHEMA rows to the
     shard's step (:meth:`state.shard.Shard.step`), and its outcome as DECISION_SCHEMA rows.
     Rejects pass through; the dead-letter group (shard -1) only passes them through."""
-    rejects = rows[rows["row_type"] == REJECT]
+    row_type = rows["row_type"].to_numpy(dtype=object)
+    rejects = rows[row_type == REJECT]
     if shard < 0:
-        return ShardUpdate(None, _decision_rows([rejects]), None)
-    usage = rows[rows["row_type"] == USAGE]
-    segments = rows[rows["row_type"] == SEGMENT]
+        return ShardUpdate(None, _decision_rows({REJECT: rejects}), None)
+    is_usage = row_type == USAGE
+    # The usage columns only: the others are null in usage rows, costly to copy as objects.
+    usage = rows.loc[is_usage, list(USAGE_COLUMNS)]
+    requests = rows["requests"].to_numpy()[is_usage]
+    segments = rows[row_type == SEGMENT]
     step = Shard.restore(state, settings.shard, now_ms).step(
         now_ms,
-        usage[list(USAGE_COLUMNS)],
+        usage,
         pd.DataFrame(
             {
                 "ts": segments["ts"].to_numpy(dtype=np.int64),
@@ -554,34 +565,32 @@ def update_shard(
         settings.eviction_horizon(now_ms),
     )
     counts = pd.DataFrame(
-        {"row_type": [TIMERS], "shard": [shard]}
-        | {name: [count] for name, count in timer_counts(step.timers).items()}
+        {"shard": [shard]} | {name: [count] for name, count in timer_counts(step.timers).items()}
     )
     remote_logs = step.remote_logs
     # None: the partition's last segment is gone, and so is its key.
     logs = remote_logs["remote_log"].tolist()
     values = np.array([None if log is None else remote_log_value(log) for log in logs], object)
     totals = np.array([0 if log is None else log.total for log in logs], np.int64)
-    parts = [
-        step.decisions.assign(row_type=DECISION),
-        counts,
-        _requests(usage),
-        remote_logs.assign(row_type=REMOTE_LOG, remote_log=values, remote_log_bytes=totals),
-        rejects,
-    ]
+    parts = {
+        DECISION: step.decisions,
+        TIMERS: counts,
+        REQUESTS: _requests(usage["quota"], requests),
+        REMOTE_LOG: remote_logs.assign(remote_log=values, remote_log_bytes=totals),
+        REJECT: rejects,
+    }
     return ShardUpdate(step.state, _decision_rows(parts), step.wake_at_ms)
 
 
-def _requests(usage: pd.DataFrame) -> pd.DataFrame:
-    """The requests of a shard's usage rows, per quota."""
+def _requests(quota: pd.Series, requests: npt.NDArray[np.int64]) -> pd.DataFrame:
+    """The requests of a shard's usage rows (their ``quota`` and ``requests``), per quota."""
     per_quota = (
-        pd.Series(usage["requests"].to_numpy(dtype=np.int64))
-        .groupby(usage["quota"].to_numpy(dtype=object), sort=False)
+        pd.Series(requests.astype(np.int64, copy=False))
+        .groupby(quota.to_numpy(dtype=object), sort=False)
         .sum()
     )
     return pd.DataFrame(
         {
-            "row_type": REQUESTS,
             "quota": per_quota.index.to_numpy(dtype=object),
             "requests": per_quota.to_numpy(dtype=np.int64),
         }
@@ -596,6 +605,11 @@ def _epochs(column: pd.Series) -> npt.NDArray[np.object_]:
     return epochs
 
 
-def _decision_rows(parts: list[pd.DataFrame]) -> list[pa.RecordBatch]:
-    """The non-empty ``parts`` as DECISION_SCHEMA record batches."""
-    return [batch for part in parts if len(part) for batch in arrow_rows(part, DECISION_SCHEMA)]
+def _decision_rows(parts: Mapping[str, pd.DataFrame]) -> list[pa.RecordBatch]:
+    """The non-empty ``parts`` (by row type) as DECISION_SCHEMA record batches."""
+    return [
+        batch
+        for row_type, part in parts.items()
+        if len(part)
+        for batch in arrow_rows(row_type, part, DECISION_SCHEMA)
+    ]
