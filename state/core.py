@@ -185,6 +185,7 @@ class QuotaCore:
         stored = StoredTables.decode(state)
         kept = np.ones(len(stored.clock), dtype=np.bool_)
         loaded: dict[QuotaType, pd.Index] = {}
+        loaded_from: dict[str, Int64Array] = {}
         tables: dict[QuotaType, RollingTable] = {}
         for quota_type in QuotaType:
             name = quota_type.value
@@ -197,16 +198,18 @@ class QuotaCore:
                 rows = stored.rows_of(name, loaded[quota_type].to_numpy())
                 rows = rows[rows >= 0]
             kept[rows] = False
+            loaded_from[name] = rows
             tables[quota_type] = _stored(stored, name, rows, window_spec(config, quota_type))
         # State kept before the per-partition table existed restores with an empty one.
         rows = stored.rows(PARTITION_TABLE)
         kept[rows] = False
+        loaded_from[PARTITION_TABLE] = rows
         copy_partitions = _stored(
             stored, PARTITION_TABLE, rows, window_spec(config, QuotaType.REMOTE_COPY)
         )
         core = cls(config, tables, copy_partitions)
         if touched is not None:
-            core._unloaded = _Unloaded(stored, kept, loaded)
+            core._unloaded = _Unloaded(stored, kept, loaded, loaded_from)
         return core
 
     def encode_state(self) -> bytes:
@@ -215,7 +218,9 @@ class QuotaCore:
         named = {quota_type.value: table for quota_type, table in self.tables.items()}
         unloaded = self._unloaded
         kept = (
-            None if unloaded is None else KeptRows(unloaded.stored, np.flatnonzero(unloaded.kept))
+            None
+            if unloaded is None
+            else KeptRows(unloaded.stored, np.flatnonzero(unloaded.kept), unloaded.loaded_from)
         )
         return encode_tables({**named, PARTITION_TABLE: self.copy_partitions}, kept=kept)
 
@@ -365,8 +370,14 @@ class QuotaCore:
 
     def evict_idle(self, horizon_ms: int) -> int:
         """Forget entities whose windows are empty at ``horizon_ms``; returns how many."""
-        tables = [*self.tables.values(), self.copy_partitions]
-        dropped = sum(table.evict_idle(horizon_ms) for table in tables)
+        named = {quota_type.value: table for quota_type, table in self.tables.items()}
+        dropped = 0
+        for name, table in {**named, PARTITION_TABLE: self.copy_partitions}.items():
+            evicted = table.evict_idle(horizon_ms)
+            if evicted and self._unloaded is not None:
+                # Its rows moved up: the encoding finds where each was loaded from by its key.
+                self._unloaded.loaded_from.pop(name, None)
+            dropped += evicted
         if self._unloaded is not None:
             dropped += self._unloaded.evict_idle(horizon_ms)
         return dropped
@@ -552,6 +563,9 @@ class _Unloaded:
     stored: StoredTables
     kept: BoolArray  # per stored row: still held (not loaded, not evicted)
     loaded: dict[QuotaType, pd.Index]  # the entities decoded: the only ones recording may touch
+    #: Per table: the stored row of each of its first rows (recording only appends rows); a
+    #: table whose rows eviction moved is not named.
+    loaded_from: dict[str, Int64Array]
 
     def check_loaded(self, quota_type: QuotaType, entities: ObjectArray) -> None:
         unknown = self.loaded[quota_type].get_indexer(pd.Index(entities, dtype=object)) < 0
