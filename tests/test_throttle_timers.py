@@ -75,6 +75,23 @@ def test_expiry_and_new_decision_in_one_step_report_the_decision() -> None:
     assert timers.stats().pending == 1
 
 
+def test_expiries_with_and_without_a_new_decision_in_one_step() -> None:
+    """The decisions come first (one of them an expiry's); then the other expiries, in the order
+    their timers fired."""
+    timers = ThrottleTimers.empty(1, 20, NOW)
+    timers.step(NOW, decisions(("a", 30, NOW + 30), ("b", 20, NOW + 20), ("c", 10, NOW + 10)))
+    rows = timers.step(NOW + 60, decisions(("d", 0, NOW + 60), ("b", 400, NOW + 460)))
+    assert list(rows.index) == ["d", "b", "c", "a"]
+    assert notices(rows) == {
+        "d": (None, None),
+        "b": (EXPIRED, None),
+        "c": (EXPIRED, NOW + 60),
+        "a": (EXPIRED, NOW + 60),
+    }
+    assert rows.loc["a", "until"] == NOW + 30  # the decision its expiry ends
+    assert timers.stats().pending == 1
+
+
 def test_encoding_round_trip_keeps_timers_and_payload() -> None:
     timers = ThrottleTimers.empty(1, 20, NOW)
     many = [(f"k{i}", 100 + i, NOW + 100 + i) for i in range(1000)]
