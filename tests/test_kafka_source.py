@@ -21,6 +21,7 @@ from state.events import EventBounds
 from streaming.engine.kafka_clients import end_offsets, new_consumer
 from streaming.engine.kafka_source import DataLossError, KafkaStreamReader, engine_source
 from streaming.engine.offsets import SourceOptions
+from streaming.engine.source_records import BYTES_PER_CHUNK
 from streaming.engine.stages import StageSettings
 from streaming.kafka_broker import KafkaNode
 from streaming.services import LocalService
@@ -152,6 +153,32 @@ def test_batches_read_exact_ranges_with_no_gap_and_no_overlap(broker: LocalServi
         *[(0, offset, str(2 * offset).encode()) for offset in range(10, 60)],
         *[(1, offset, str(2 * offset + 1).encode()) for offset in range(20, 25)],
     ]
+    source.stop()
+
+
+def test_a_read_is_cut_into_chunks_of_about_bytes_per_chunk(broker: LocalService) -> None:
+    """A backlog of large records is staged a bounded chunk at a time, not 100k records at once
+    (a staging holds several times its payload): every chunk but the last holds at least
+    ``BYTES_PER_CHUNK`` of values, and at most what one poll adds beyond that."""
+    topic = new_topic(broker, 1)
+    value = b"x" * 900_000  # under the broker's and the producer's 1 MiB message limit
+    count = BYTES_PER_CHUNK // len(value) + 10
+    producer = KafkaProducer(bootstrap_servers=broker.address)
+    for _ in range(count):
+        producer.send(topic, value, partition=0)
+    producer.flush()
+    producer.close()
+    source = reader(broker, topic, startingOffsets="earliest")
+    start = source.initialOffset()
+    end = source.latestOffset(start, ReadAllAvailable())
+    worker = pickle.loads(pickle.dumps(source))
+    (partition,) = source.partitions(start, end)
+    chunks = list(worker.records(partition.value))
+    assert [offset for chunk in chunks for offset in chunk.offsets] == list(range(count))
+    first, last = chunks
+    # A poll brings what kafka-python fetched of the partition: 1 MiB a fetch by default.
+    assert BYTES_PER_CHUNK <= first.value_bytes < BYTES_PER_CHUNK + (2 << 20)
+    assert last.value_bytes == (count - len(first.offsets)) * len(value)
     source.stop()
 
 

@@ -172,6 +172,19 @@ def test_a_shard_is_given_every_read_s_rows_of_it_in_order(
         pd.testing.assert_frame_equal(rows, expected, check_dtype=False, obj=f"shard {shard}")
 
 
+def test_reads_are_staged_together_up_to_a_count_of_records_or_of_value_bytes() -> None:
+    def read(*sizes: int | None) -> KafkaRecords:
+        values = [None if size is None else b"x" * size for size in sizes]
+        return KafkaRecords("t", 0, list(range(len(sizes))), values, 0)
+
+    reads = [read(10, None, 30), read(50), read(5, 5), read(100), read(1)]
+    assert [read.value_bytes for read in reads] == [40, 50, 10, 100, 1]
+    by_bytes = stages.staged_together(reads, records=10, value_bytes=60)
+    assert [[reads.index(r) for r in group] for group in by_bytes] == [[0, 1], [2, 3], [4]]
+    by_records = stages.staged_together(reads, records=3, value_bytes=1000)
+    assert [[reads.index(r) for r in group] for group in by_records] == [[0], [1, 2], [3, 4]]
+
+
 def test_reads_staged_together_keep_each_reject_s_own_coordinates() -> None:
     """A task stages the reads of several partitions in one call: each rejected event still
     names its own topic, partition, offset and index in its batched message."""

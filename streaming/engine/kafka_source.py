@@ -5,7 +5,8 @@ decides where the event enters: each read parses, validates, resolves and sums i
 the executor that fetched them (``streaming.engine.stages.staged_batches``), so the source's rows
 are usage sums, segment events and rejects, and raw payloads never cross into the JVM; and packs
 them per shard (one row per staging and shard: a task's ranges are staged together, up to
-``RECORDS_PER_CHUNK`` records a call), so Spark moves a few values, not each row.
+``RECORDS_PER_CHUNK`` records or ``BYTES_PER_CHUNK`` of values a call), so Spark moves a few
+values, not each row.
 
 * offsets per topic-partition live in Spark's checkpoint (``streaming.engine.offsets``), so a
   restarted query replays exactly the ranges of the batch it did not finish;
@@ -73,7 +74,12 @@ from streaming.engine.offsets import (
     plan_ranges,
     to_json,
 )
-from streaming.engine.source_records import RECORDS_PER_CHUNK, STAGED_SCHEMA, KafkaRecords
+from streaming.engine.source_records import (
+    BYTES_PER_CHUNK,
+    RECORDS_PER_CHUNK,
+    STAGED_SCHEMA,
+    KafkaRecords,
+)
 from streaming.engine.source_status import write_status
 
 if TYPE_CHECKING:
@@ -328,6 +334,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         consumer.seek(tp, offset_range.start)
         offsets: list[int] = []
         values: list[bytes | None] = []
+        value_bytes = 0
         expected = offset_range.start
         stalled_since = time.monotonic()
         while (position := consumer.position(tp)) < offset_range.end:
@@ -358,10 +365,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     break
                 offsets.append(record.offset)
                 values.append(record.value)
+                value_bytes += max(record.serialized_value_size, 0)  # -1: no value
             expected = records[-1].offset + 1
-            if len(offsets) >= RECORDS_PER_CHUNK:
+            if len(offsets) >= RECORDS_PER_CHUNK or value_bytes >= BYTES_PER_CHUNK:
                 yield KafkaRecords(tp.topic, tp.partition, offsets, values, config_version)
-                offsets, values = [], []
+                offsets, values, value_bytes = [], [], 0
         if offsets:
             yield KafkaRecords(tp.topic, tp.partition, offsets, values, config_version)
 

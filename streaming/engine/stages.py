@@ -41,7 +41,12 @@ from state.remote_log import LINEAGE
 from state.shard import USAGE_COLUMNS, Shard, ShardSettings, ShardState, timer_counts
 from state.timing_wheel import KAFKA_TICK_MS, KAFKA_WHEEL_SIZE
 from state.written_decisions import WritePolicy
-from streaming.engine.source_records import RECORDS_PER_CHUNK, STAGED_SCHEMA, KafkaRecords
+from streaming.engine.source_records import (
+    BYTES_PER_CHUNK,
+    RECORDS_PER_CHUNK,
+    STAGED_SCHEMA,
+    KafkaRecords,
+)
 
 if TYPE_CHECKING:
     from streaming.engine.settings import EngineSettings
@@ -148,18 +153,22 @@ def shard_of(entities: pd.Series, shards: int) -> npt.NDArray[np.int32]:
 
 
 def staged_together(
-    reads: Iterable[KafkaRecords], records: int = RECORDS_PER_CHUNK
+    reads: Iterable[KafkaRecords],
+    records: int = RECORDS_PER_CHUNK,
+    value_bytes: int = BYTES_PER_CHUNK,
 ) -> Iterator[list[KafkaRecords]]:
-    """Consecutive ``reads`` in groups of at least ``records`` records (but the last), each
-    group to stage in one :func:`staged_batches` call."""
+    """Consecutive ``reads`` in groups of at least ``records`` records or ``value_bytes`` bytes
+    of values (but the last), each group to stage in one :func:`staged_batches` call."""
     group: list[KafkaRecords] = []
     size = 0
+    held = 0
     for read in reads:
         group.append(read)
         size += len(read.offsets)
-        if size >= records:
+        held += read.value_bytes
+        if size >= records or held >= value_bytes:
             yield group
-            group, size = [], 0
+            group, size, held = [], 0, 0
     if group:
         yield group
 
