@@ -10,6 +10,7 @@ import yaml
 from state.config import DEFAULT, QuotaConfig, ThrottledReplicas, load_quota_config
 from state.configfile import ConfigError
 from state.quota_types import QuotaType
+from streaming.commands.redaction import secrets_of
 from streaming.engine.settings import load_engine_settings
 from tests.certificates import make_certificates, make_client_certificate
 
@@ -209,3 +210,46 @@ def test_a_section_error_does_not_echo_the_section_and_its_secrets(tmp_path: Pat
         f"{engine} (or its QUOTASTREAM_* override): redis: ssl_cert_file and ssl_key_file must be"
         " set together"
     )
+
+
+def test_kafka_client_settings_are_typed_as_kafka_python_takes_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """YAML gives flags and numbers, the environment text: kafka-python gets its own types
+    either way ("false" as text would be true to it, "60000" would fail its comparisons)."""
+    engine = tmp_path / "engine.yaml"
+    client = {
+        "request_timeout_ms": 60000,
+        "ssl_check_hostname": False,
+        "acks": "all",
+        "sasl_plain_password": "hunter22",
+    }
+    engine.write_text(yaml.safe_dump({"kafka": {"client": client}}))
+    assert load_engine_settings(engine).kafka.client_settings() == client
+    engine.write_text(yaml.safe_dump({"kafka": {"client": {}}}))
+    for name, value in client.items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        monkeypatch.setenv(f"QUOTASTREAM_KAFKA__CLIENT__{name.upper()}", text)
+    assert load_engine_settings(engine).kafka.client_settings() == client
+    # Only text can be a secret to mask: masking "60000" would garble every log line with it.
+    assert secrets_of(load_engine_settings(engine)) == ["hunter22"]
+
+
+@pytest.mark.parametrize(
+    ("client", "message"),
+    [
+        ({"request_timeout_ms": "soon"}, "client.request_timeout_ms must be a whole number"),
+        ({"ssl_check_hostname": "nope"}, "client.ssl_check_hostname must be true or false"),
+        ({"fetch_max_byts": 5}, "client.fetch_max_byts is not a setting of kafka-python's"),
+    ],
+)
+def test_a_bad_kafka_client_setting_is_refused_naming_it_and_no_secret(
+    tmp_path: Path, client: dict[str, object], message: str
+) -> None:
+    engine = tmp_path / "engine.yaml"
+    secret = {"sasl_plain_password": "hunter22"}
+    engine.write_text(yaml.safe_dump({"kafka": {"client": {**secret, **client}}}))
+    with pytest.raises(ConfigError) as refused:
+        load_engine_settings(engine)
+    assert message in str(refused.value)
+    assert "hunter22" not in str(refused.value)

@@ -65,6 +65,7 @@ from streaming.commands.preflight import (
     check_redis,
 )
 from streaming.commands.redaction import redact_logs
+from streaming.engine.client_settings import settings_for
 from streaming.engine.config_log import TOPIC_CONFIGS
 from streaming.engine.job import source_options
 from streaming.engine.metric_names import INPUT_BACKLOG
@@ -200,6 +201,11 @@ class SecureServers:
             **self.engine_kafka_client(),
             "ssl_password": key_password,
             "sasl_plain_password": sasl_password,
+            # Typed as kafka-python takes them; each client given the ones it knows (the
+            # source's consumers, the dead-letter producer, the configuration log's clients).
+            "request_timeout_ms": 40_000,
+            "fetch_max_bytes": 32 << 20,  # consumers only
+            "linger_ms": 2,  # producers only
         }
         kafka = {
             "bootstrap_servers": self.broker.address,
@@ -408,10 +414,7 @@ def test_the_engine_principal_may_do_what_the_engine_does_and_nothing_else(
     )
     client = servers.engine_settings(events).kafka.client_settings()
     bootstrap = servers.broker.address
-    engine = KafkaAdminClient(
-        bootstrap_servers=bootstrap,
-        **{k: v for k, v in client.items() if k in KafkaAdminClient.DEFAULT_CONFIG},
-    )
+    engine = KafkaAdminClient(**settings_for(KafkaAdminClient, client, bootstrap_servers=bootstrap))
     try:
         # What the broker's authorizer says the engine may do, topic by topic (implied rights
         # included), and on a topic it was given no right on.
@@ -434,14 +437,16 @@ def test_the_engine_principal_may_do_what_the_engine_does_and_nothing_else(
             engine.describe_acls(ALL_ACLS)
     finally:
         engine.close()
-    producer = KafkaProducer(bootstrap_servers=bootstrap, **client)
+    producer = KafkaProducer(**settings_for(KafkaProducer, client, bootstrap_servers=bootstrap))
     try:
         for topic in (events, config):
             with pytest.raises(TopicAuthorizationFailedError):
                 producer.send(topic, b"{}").get(timeout=30)
     finally:
         producer.close()
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **client)
+    consumer = KafkaConsumer(
+        **settings_for(KafkaConsumer, client, bootstrap_servers=bootstrap, enable_auto_commit=False)
+    )
     try:
         consumer.assign([TopicPartition(dead_letter, 0)])
         consumer.seek(TopicPartition(dead_letter, 0), 0)
@@ -449,7 +454,10 @@ def test_the_engine_principal_may_do_what_the_engine_does_and_nothing_else(
             consumer.poll(timeout_ms=30_000)
     finally:
         consumer.close()
-    member = KafkaConsumer(events, bootstrap_servers=bootstrap, group_id="engine", **client)
+    member = KafkaConsumer(
+        events,
+        **settings_for(KafkaConsumer, client, bootstrap_servers=bootstrap, group_id="engine"),
+    )
     try:
         with pytest.raises(GroupAuthorizationFailedError):
             member.poll(timeout_ms=30_000)

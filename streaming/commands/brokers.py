@@ -34,6 +34,7 @@ from quotastream.published_events import CountedEvent, batched_messages
 from state.config import QuotaConfig, load_quota_config
 from state.live_config import LiveConfigs, SetTopicThrottles, describe_change
 from streaming.commands.exit_codes import EXIT_OK
+from streaming.engine.client_settings import settings_for
 from streaming.engine.config_log import ConfigLog
 from streaming.engine.settings import EngineSettings
 
@@ -49,10 +50,13 @@ ACTUATOR_AUTHOR = "quotastream-actuator"
 def events_producer(settings: EngineSettings) -> KafkaProducer:
     """A producer to the engine's events topic that waits for every in-sync replica."""
     return KafkaProducer(
-        bootstrap_servers=settings.kafka.bootstrap_servers,
-        acks="all",
-        linger_ms=5,
-        **settings.kafka.client_settings(),
+        **settings_for(
+            KafkaProducer,
+            settings.kafka.client_settings(),
+            bootstrap_servers=settings.kafka.bootstrap_servers,
+            acks="all",
+            linger_ms=5,
+        )
     )
 
 

@@ -25,6 +25,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from quotastream.outage import first_line
+from streaming.engine.client_settings import settings_for
 from streaming.engine.config_log import ConfigLog, ConfigLogError, MisshapenTopicError
 from streaming.engine.settings import EngineSettings, KafkaSettings, RedisSettings
 
@@ -69,12 +70,15 @@ def check_kafka(kafka: KafkaSettings, timeout_s: float) -> None:
     timeout_ms = int(timeout_s * 1000)
     try:
         consumer = KafkaConsumer(
-            bootstrap_servers=kafka.bootstrap_servers.split(","),
-            bootstrap_timeout_ms=timeout_ms,
-            request_timeout_ms=max(timeout_ms, 1001),
-            # No group, nothing to commit (kafka-python warns when it has to turn this off).
-            enable_auto_commit=False,
-            **kafka.client_settings(),
+            **settings_for(
+                KafkaConsumer,
+                kafka.client_settings(),
+                bootstrap_servers=kafka.bootstrap_servers.split(","),
+                bootstrap_timeout_ms=timeout_ms,
+                request_timeout_ms=max(timeout_ms, 1001),
+                # No group, nothing to commit (kafka-python warns when it has to turn this off).
+                enable_auto_commit=False,
+            )
         )
     except KafkaError as exc:
         raise UnreachableError(f"{where}: {first_line(exc)}") from None
@@ -130,12 +134,13 @@ def check_kafka_rights(
         rights = {topic: rights[topic] for topic in only}
     timeout_ms = int(timeout_s * 1000)
     client = kafka.client_settings()
-    settings = {
-        "bootstrap_servers": kafka.bootstrap_servers.split(","),
-        "bootstrap_timeout_ms": timeout_ms,
-        "request_timeout_ms": max(timeout_ms, 1001),
-        **{k: v for k, v in client.items() if k in KafkaAdminClient.DEFAULT_CONFIG},
-    }
+    settings = settings_for(
+        KafkaAdminClient,
+        client,
+        bootstrap_servers=kafka.bootstrap_servers.split(","),
+        bootstrap_timeout_ms=timeout_ms,
+        request_timeout_ms=max(timeout_ms, 1001),
+    )
     try:
         admin = KafkaAdminClient(**settings)
     except KafkaError as exc:

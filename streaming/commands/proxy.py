@@ -27,6 +27,7 @@ from quotastream.proxy.usage import FETCH, PRODUCE, UsagePublisher
 from state.config import QuotaConfig, load_quota_config
 from state.quota_types import QuotaType
 from streaming.commands.exit_codes import EXIT_OK
+from streaming.engine.client_settings import settings_for
 from streaming.engine.settings import EngineSettings
 
 log = logging.getLogger(__name__)
@@ -65,12 +66,15 @@ def build_proxy(
 
     def new_producer() -> Any:
         return KafkaProducer(
-            bootstrap_servers=settings.kafka.bootstrap_servers,
-            acks="all",
-            linger_ms=5,
-            # A send waits this long for a broker that is down before its flush is dropped.
-            max_block_ms=max(proxy.flush_interval_ms, 1000),
-            **settings.kafka.client_settings(),
+            **settings_for(
+                KafkaProducer,
+                settings.kafka.client_settings(),
+                bootstrap_servers=settings.kafka.bootstrap_servers,
+                acks="all",
+                linger_ms=5,
+                # A send waits this long for a broker that is down before its flush is dropped.
+                max_block_ms=max(proxy.flush_interval_ms, 1000),
+            )
         )
 
     publisher = UsagePublisher(

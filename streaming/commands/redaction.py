@@ -13,7 +13,10 @@ _MIN_SECRET_LENGTH = 4
 
 def secrets_of(settings: EngineSettings) -> list[str]:
     """Every secret value of the settings, longest first (so none is masked only in part)."""
-    values = [str(value) for value in settings.kafka.client_settings().values()]
+    # Flags and numbers are settings, not secrets.
+    values = [
+        value for value in settings.kafka.client_settings().values() if isinstance(value, str)
+    ]
     if settings.redis.password is not None:
         values.append(settings.redis.password.get_secret_value())
     return sorted({v for v in values if len(v) >= _MIN_SECRET_LENGTH}, key=len, reverse=True)

@@ -34,6 +34,7 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaError, KafkaTimeoutError
 
 from quotastream.producer_close import CLOSE_TIMEOUT_S, close_producer
+from streaming.engine.client_settings import settings_for
 
 log = logging.getLogger(__name__)
 
@@ -280,7 +281,12 @@ class LiveTraffic(threading.Thread):
         super().__init__(name="quotastream-traffic", daemon=True)
         # ``client``: kafka-python settings (TLS, SASL), as the engine's own clients take them.
         self._producer = KafkaProducer(
-            bootstrap_servers=bootstrap_servers.split(","), linger_ms=5, **(client or {})
+            **settings_for(
+                KafkaProducer,
+                client or {},
+                bootstrap_servers=bootstrap_servers.split(","),
+                linger_ms=5,
+            )
         )
         self._topic = topic
         self._events_per_message = events_per_message

@@ -23,6 +23,7 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from state.config import QuotaConfig
 from state.live_config import Change, LiveConfig, LiveConfigs, encode_change
+from streaming.engine.client_settings import settings_for
 from streaming.engine.kafka_clients import (
     end_offsets,
     is_outage,
@@ -81,8 +82,11 @@ class ConfigLog:
         before it finds the topic exists, and an engine whose principal may not create topics
         (its topics made by an operator) must still start."""
         admin = KafkaAdminClient(
-            bootstrap_servers=self.bootstrap_servers.split(","),
-            **self._settings_for(KafkaAdminClient),
+            **settings_for(
+                KafkaAdminClient,
+                self._client,
+                bootstrap_servers=self.bootstrap_servers.split(","),
+            )
         )
         try:
             if not self._check_partitions():
@@ -140,9 +144,12 @@ class ConfigLog:
     def append(self, change: Change) -> int:
         """Appends a change; returns the version it creates."""
         producer = KafkaProducer(
-            bootstrap_servers=self.bootstrap_servers.split(","),
-            acks="all",
-            **self._settings_for(KafkaProducer),
+            **settings_for(
+                KafkaProducer,
+                self._client,
+                bootstrap_servers=self.bootstrap_servers.split(","),
+                acks="all",
+            )
         )
         try:
             metadata = producer.send(self.topic, encode_change(change), partition=0).get(
@@ -199,10 +206,6 @@ class ConfigLog:
                 f"every version stays readable. Fix: kafka-configs.sh --alter --entity-type "
                 f"topics --entity-name {self.topic} --add-config {keep}"
             )
-
-    def _settings_for(self, client_class: Any) -> dict[str, Any]:
-        """The client settings (security, SASL, ...) that a producer or admin client takes."""
-        return {k: v for k, v in self._client.items() if k in client_class.DEFAULT_CONFIG}
 
 
 @dataclass(frozen=True)

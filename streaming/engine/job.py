@@ -30,6 +30,7 @@ from typing import Any
 
 import pandas as pd
 import pyspark
+from kafka import KafkaConsumer
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming.query import StreamingQuery
@@ -38,6 +39,7 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from state.config import QuotaConfig
 from state.shard import ShardState
 from streaming.class_archive import sharing_options
+from streaming.engine.client_settings import settings_for
 from streaming.engine.config_log import ConfigLog, ConfigSource
 from streaming.engine.exporter import EngineMetrics
 from streaming.engine.kafka_source import engine_source
@@ -196,7 +198,7 @@ def source_options(kafka: KafkaSettings) -> dict[str, str]:
         options["maxOffsetsPerTrigger"] = str(kafka.max_offsets_per_trigger)
     if kafka.config_topic is not None:
         options["configTopic"] = kafka.config_topic
-    for name, value in kafka.client_settings().items():
+    for name, value in settings_for(KafkaConsumer, kafka.client_settings()).items():
         options[f"kafka.{name.replace('_', '.')}"] = str(value)
     return options
 

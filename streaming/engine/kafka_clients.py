@@ -21,6 +21,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
 from quotastream.outage import Outage
+from streaming.engine.client_settings import settings_for
 from streaming.engine.offsets import Offsets
 
 log = logging.getLogger(__name__)
@@ -86,20 +87,21 @@ def new_consumer(
     for meeting the broker at all, and a broker that comes back is noticed within
     :data:`RECONNECT_BACKOFF_MAX_MS`.
     """
-    settings: dict[str, Any] = {
-        "bootstrap_servers": bootstrap_servers.split(","),
-        "group_id": None,
-        "enable_auto_commit": False,
-        "auto_offset_reset": "none",
-        "allow_auto_create_topics": False,
+    settings = settings_for(
+        KafkaConsumer,
+        client,
+        bootstrap_servers=bootstrap_servers.split(","),
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="none",
+        allow_auto_create_topics=False,
         # kafka-python requires it above the fetch's long poll (fetch_max_wait_ms, 500 ms).
-        "request_timeout_ms": max(request_timeout_ms, _MIN_REQUEST_TIMEOUT_MS),
+        request_timeout_ms=max(request_timeout_ms, _MIN_REQUEST_TIMEOUT_MS),
         # A consumer made while the broker is down (a query or an executor starting during an
         # outage) waits this long to meet it, 30 s by default.
-        "bootstrap_timeout_ms": max(request_timeout_ms, _MIN_REQUEST_TIMEOUT_MS),
-        "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
-        **client,
-    }
+        bootstrap_timeout_ms=max(request_timeout_ms, _MIN_REQUEST_TIMEOUT_MS),
+        reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
+    )
     consumer = KafkaConsumer(**settings)
     _ask_metadata_as_configured(consumer, settings["allow_auto_create_topics"])
     return consumer

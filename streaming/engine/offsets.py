@@ -14,6 +14,8 @@ from typing import Any, Literal, TypeVar
 
 from kafka import KafkaConsumer
 
+from streaming.engine.client_settings import ClientSettingError, typed_setting
+
 TopicPartition = tuple[str, int]
 #: Next offset to read per topic-partition.
 Offsets = dict[TopicPartition, int]
@@ -238,17 +240,12 @@ def _client_settings(options: Mapping[str, str]) -> dict[str, Any]:
             raise SourceOptionError(
                 f"option {key!r} is not a kafka-python consumer setting ({name!r})"
             )
-        settings[name] = _typed_setting(KafkaConsumer.DEFAULT_CONFIG[name], value)
+        try:
+            # Spark passes option values as text.
+            settings[name] = typed_setting(name, value)
+        except ClientSettingError as error:
+            raise SourceOptionError(f"option {key!r} {error}") from None
     return settings
-
-
-def _typed_setting(default: object, value: str) -> object:
-    """Spark passes option values as strings; give kafka-python the type it expects."""
-    if isinstance(default, bool):
-        return value.strip().lower() == "true"
-    if isinstance(default, int):
-        return int(value)
-    return value
 
 
 _Number = TypeVar("_Number", int, float)

@@ -8,7 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from quotastream.brokers.settings import BrokersSettings
@@ -17,6 +25,7 @@ from state.configfile import ConfigError, describe_validation_error, read_yaml_m
 from state.events import EventBounds
 from state.timing_wheel import KAFKA_TICK_MS, KAFKA_WHEEL_SIZE
 from state.written_decisions import WritePolicy
+from streaming.engine.client_settings import ClientSettingError, typed_setting
 
 Millis = Annotated[int, Field(ge=0)]
 
@@ -40,14 +49,31 @@ class EventSettings(BaseModel):
         return absolute.around(now_ms, self.max_past_ms, self.max_future_ms)
 
 
+def _as_text(value: Any) -> Any:
+    """A flag or a number given in YAML, as the text an environment variable gives."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return value
+
+
+#: A ``kafka.client`` value: kept as a secret (any of them may be one), typed when used.
+ClientValue = Annotated[SecretStr, BeforeValidator(_as_text)]
+
+
 class KafkaSettings(BaseModel):
     """Where events come from, and where rejected events go."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     def client_settings(self) -> dict[str, Any]:
-        """kafka-python settings with their secret values (never log the result)."""
-        return {name: secret.get_secret_value() for name, secret in self.client.items()}
+        """kafka-python settings with their secret values, typed as kafka-python takes them
+        (``streaming.engine.client_settings``); never log the result."""
+        return {
+            name: typed_setting(name, secret.get_secret_value())
+            for name, secret in self.client.items()
+        }
 
     bootstrap_servers: str = "127.0.0.1:9092"
     topics: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] = [
@@ -64,8 +90,18 @@ class KafkaSettings(BaseModel):
     #: The live configuration's log (``quotastream quota ...`` appends to it); null: the quota
     #: file is the only configuration and nothing changes while the engine runs.
     config_topic: Annotated[str, Field(min_length=1)] | None = "quotastream.config"
-    #: kafka-python settings for the source (e.g. security_protocol, sasl_plain_password).
-    client: dict[str, SecretStr] = {}
+    #: kafka-python settings for the engine's clients (e.g. security_protocol,
+    #: sasl_plain_password, request_timeout_ms: 60000, ssl_check_hostname: false).
+    client: dict[str, ClientValue] = {}
+
+    @model_validator(mode="after")
+    def _client_settings_are_kafka_pythons(self) -> KafkaSettings:
+        for name, secret in self.client.items():
+            try:
+                typed_setting(name, secret.get_secret_value())
+            except ClientSettingError as error:
+                raise ValueError(f"client.{name} {error}") from None
+        return self
 
     @model_validator(mode="after")
     def _encrypted_client_key_has_its_password(self) -> KafkaSettings:

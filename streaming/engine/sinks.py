@@ -42,6 +42,7 @@ from state.events import dead_letter_record
 from state.live_config import ConfigVersions, LiveConfig
 from state.timer_stats import TimerStats
 from streaming.engine.batch_summary import SUMMARY_SCHEMA, BatchSummary, SummaryRequest
+from streaming.engine.client_settings import settings_for
 from streaming.engine.decision_values import decision_values
 from streaming.engine.kafka_clients import RECONNECT_BACKOFF_MAX_MS, kafka_outage, ride_out
 from streaming.engine.stages import DECISION, REJECT, REMOTE_LOG, TIMERS, unpacked
@@ -344,11 +345,14 @@ def _producer(settings: SinkSettings) -> KafkaProducer:
     )
     if key not in _PRODUCERS:
         _PRODUCERS[key] = KafkaProducer(
-            bootstrap_servers=settings.kafka_bootstrap.split(","),
-            max_block_ms=_PRODUCER_WAIT_MS,
-            # Undelivered records are kept and retried for longer than an outage is waited out.
-            delivery_timeout_ms=int(settings.kafka_max_outage_s * 1000) + 120_000,
-            reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
-            **settings.kafka_client,
+            **settings_for(
+                KafkaProducer,
+                settings.kafka_client,
+                bootstrap_servers=settings.kafka_bootstrap.split(","),
+                max_block_ms=_PRODUCER_WAIT_MS,
+                # Undelivered records are kept and retried for longer than an outage is waited out.
+                delivery_timeout_ms=int(settings.kafka_max_outage_s * 1000) + 120_000,
+                reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
+            )
         )
     return _PRODUCERS[key]
