@@ -234,5 +234,15 @@ class LineageSource:
             self._metrics.published.inc(len(reports))
 
     def run(self, stopped: threading.Event, interval_s: float, outage: Outage) -> None:
-        """A pass every ``interval_s`` until ``stopped`` (:func:`publish_every`)."""
-        publish_every(self, stopped, interval_s, outage)
+        """A pass every ``interval_s`` until ``stopped`` (:func:`publish_every`); then its
+        clients are closed (the source owns them)."""
+        try:
+            publish_every(self, stopped, interval_s, outage)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Closes its clients: an unclosed one keeps its connection thread, which goes on
+        reconnecting to a cluster that has gone."""
+        self._admin.close()
+        self._client.close()
