@@ -20,8 +20,14 @@ CLOSE_TIMEOUT_S: Final = 5.0
 sender_log: Final = logging.getLogger("kafka.producer.sender")
 
 
+def longest_close_s(timeout_s: float = CLOSE_TIMEOUT_S) -> float:
+    """How long :func:`close_producer` may take: ``timeout_s`` to send what the producer
+    buffered, and as long again for its I/O thread to stop once forced (failing the rest)."""
+    return 2 * timeout_s
+
+
 def close_producer(producer: Any, timeout_s: float = CLOSE_TIMEOUT_S) -> bool:
-    """Closes ``producer`` within about twice ``timeout_s``; False if it dropped records it could
+    """Closes ``producer`` within :func:`longest_close_s`; False if it dropped records it could
     not send in ``timeout_s``. Their futures fail (``IllegalStateError``), so a caller counting
     drops in errbacks counts them; reporting the drop is the caller's, once."""
     try:

@@ -23,6 +23,7 @@ import socket
 import struct
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -32,6 +33,7 @@ import yaml
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
+from quotastream.proxy.usage import UsageEvent, UsagePublisher
 from streaming.commands.proxy import RunningProxy
 from streaming.engine.settings import EngineSettings
 from streaming.kafka_broker import KafkaNode, start_kafka
@@ -279,6 +281,43 @@ def test_a_proxy_stopping_after_its_events_broker_did_counts_the_last_usage_drop
             proxy.registry.get_sample_value("quotastream_proxy_events_dropped_total", dropped) or 0
         ) > 0
     assert thread_failures == []
+
+
+def test_a_publisher_closing_without_its_broker_has_counted_every_event_when_it_returns() -> None:
+    topic = "usage-at-the-close"
+    counts: Counter[str] = Counter()
+    published = threading.Event()
+
+    def on_published(events: int) -> None:
+        counts["published"] += events
+        published.set()
+
+    def on_drop(reason: str, events: int, nbytes: int) -> None:
+        counts[reason] += events
+
+    def usage(ts: int) -> UsageEvent:
+        return UsageEvent(
+            kind="produce", ts=ts, bytes=100, count=1, user="u", client_id="c", broker=1
+        )
+
+    with start_kafka() as events_broker:
+        create_topic(events_broker.address, topic, partitions=1)
+        publisher = UsagePublisher(
+            lambda: KafkaProducer(bootstrap_servers=events_broker.address, max_block_ms=1000),
+            topic=topic,
+            instance="closing",
+            max_message_bytes=1 << 20,
+            max_queued_flushes=4,
+            on_published=on_published,
+            on_drop=on_drop,
+        )
+        publisher.offer([usage(1)])
+        assert published.wait(60)
+        events_broker.stop()
+        # Sent into a producer that holds the topic's metadata but can reach no broker.
+        publisher.offer([usage(2), usage(3)])
+        publisher.close(timeout_s=1.0)
+        assert counts == {"published": 1, "publish_failed": 2}
 
 
 @pytest.fixture

@@ -47,6 +47,7 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
+from typing import Final
 
 from quotastream.cache import CachedQuotaClient, Source
 from quotastream.redis_contract import Decision
@@ -181,10 +182,13 @@ class Holds:
     def start(self) -> None:
         self._thread.start()
 
+    #: How long :meth:`stop` waits for the refresh thread (a Redis read at most).
+    STOP_TIMEOUT_S: Final = 5.0
+
     def stop(self) -> None:
         self._stopped.set()
         self._wake.set()
-        self._thread.join(5)
+        self._thread.join(self.STOP_TIMEOUT_S)
 
     def remaining_ms(self, key: ClientKey) -> int:
         """How long the client is still held (0: not held); a dictionary read."""

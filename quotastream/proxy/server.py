@@ -183,6 +183,12 @@ class Proxy:
             ", ".join(f"{n}->{a}" for n, a in sorted(self.routes.brokers.items())),
         )
 
+    @property
+    def longest_stop_s(self) -> float:
+        """How long :meth:`stop` may take: each of its waits at its bound."""
+        drain = self.settings.drain_timeout_s
+        return drain + UsagePublisher.longest_close_s(drain) + Holds.STOP_TIMEOUT_S
+
     async def stop(self) -> None:
         """Stops accepting, drains forwarded requests, publishes the last usage, closes."""
         for server in self._servers.values():

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from quotastream.producer_close import close_producer
+from quotastream.producer_close import close_producer, longest_close_s
 from quotastream.published_events import CountedEvent, Message, batched_messages
 
 log = logging.getLogger(__name__)
@@ -161,15 +161,29 @@ class UsagePublisher:
         except queue.Full:
             self._dropped("queue_full", events, RuntimeError("the publisher is that far behind"))
 
+    @staticmethod
+    def longest_close_s(timeout_s: float) -> float:
+        """How long :meth:`close` may take: ``timeout_s`` for room in the queue, as long for
+        the sends still queued, and the producer's own close."""
+        return 2 * timeout_s + longest_close_s(timeout_s)
+
     def close(self, timeout_s: float) -> None:
-        """Publishes what was offered, then flushes and closes the producer."""
+        """Publishes what was offered, then flushes and closes the producer. It returns once
+        every event offered is counted as published or dropped (unless it logs that it could
+        not), so the counts a stop leaves are whole."""
         self._close_timeout_s = timeout_s
         try:
             self._queue.put(None, timeout=timeout_s)
         except queue.Full:
             log.error("the usage publisher did not catch up within %.0f s of the stop", timeout_s)
             return
-        self._thread.join(timeout_s)
+        self._thread.join(self.longest_close_s(timeout_s) - timeout_s)
+        if self._thread.is_alive():
+            log.error(
+                "the usage publisher had not closed %.0f s after the stop: what it still held "
+                "is not counted",
+                self.longest_close_s(timeout_s),
+            )
 
     def _run(self) -> None:
         while (events := self._queue.get()) is not None:

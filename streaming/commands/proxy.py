@@ -132,8 +132,9 @@ class RunningProxy:
 
     def stop(self) -> None:
         if self._thread.is_alive():
+            # Its own bounds, and time for the loop's hops between them.
             asyncio.run_coroutine_threadsafe(self.proxy.stop(), self._loop).result(
-                self.settings.proxy.drain_timeout_s * 2 + 10
+                self.proxy.longest_stop_s + 10
             )
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
