@@ -57,6 +57,12 @@ def triggers(source: KafkaStreamReader, start: Checkpoint, count: int) -> None:
         assert source.latestOffset(start, ReadAllAvailable()) == start
 
 
+def trigger_until_one_raises(source: KafkaStreamReader, start: Checkpoint) -> None:
+    """Triggers, each finding nothing new, until one raises (``maxOutageSeconds`` bounds it)."""
+    while True:
+        triggers(source, start, 1)
+
+
 def resume_later(broker: LocalService, after_s: float) -> threading.Timer:
     timer = threading.Timer(after_s, broker.resume)
     timer.start()
@@ -132,21 +138,25 @@ def test_an_outage_is_never_taken_for_lost_offsets_but_a_log_lost_with_it_is_cau
     try:
         topic = new_topic(broker, 3)
         produce(broker, topic, 300, 3)
-        source = reader(broker, topic, **FAST)
-        first = source.latestOffset(source.initialOffset(), ReadAllAvailable())
-        assert total(first, topic) == 300
-        port = broker.port
-        broker.stop()
-        # Refused connections for several triggers: nothing new, and no loss claimed.
-        for _ in range(4):
-            assert source.latestOffset(first, ReadAllAvailable()) == first
-        # The broker returns without its log (started anew): that loss is still caught.
-        broker = start_kafka(port=port)
-        new_topic(broker, 3, topic)  # created again, as an operator would
-        produce(broker, topic, 6, 3)
-        with pytest.raises(DataLossError, match=rf"{topic}-\d: the .*failOnDataLoss=true"):
-            triggers(source, first, 3)
-        source.stop()
+        # Far longer than a broker takes to start: only a source that never reaches it fails so.
+        source = reader(broker, topic, maxOutageSeconds="120", **FAST)
+        try:
+            first = source.latestOffset(source.initialOffset(), ReadAllAvailable())
+            assert total(first, topic) == 300
+            port = broker.port
+            broker.stop()
+            # Refused connections for several triggers: nothing new, and no loss claimed.
+            triggers(source, first, 4)
+            # The broker returns without its log (started anew): that loss is still caught. The
+            # client reconnects with backoff, so the first triggers may still find it
+            # unreachable: each of those finds nothing new, and the first to reach it names it.
+            broker = start_kafka(port=port)
+            new_topic(broker, 3, topic)  # created again, as an operator would
+            produce(broker, topic, 6, 3)
+            with pytest.raises(DataLossError, match=rf"{topic}-\d: the .*failOnDataLoss=true"):
+                trigger_until_one_raises(source, first)
+        finally:
+            source.stop()
     finally:
         broker.stop()
 
