@@ -292,6 +292,10 @@ class QuotaCore:
                 ),
             },
             columns=list(RESOLVED_COLUMNS),
+            # Not consolidated into 2-D blocks, which copies every column (0.1-0.25 s per 1M
+            # events). The frame shares position, ts and in_sync with ``events``; neither is
+            # written to in place.
+            copy=False,
         )
 
     def record(self, resolved: pd.DataFrame) -> pd.DataFrame:
