@@ -20,11 +20,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from quotastream.producer_close import close_producer, longest_close_s
+from quotastream.producer_close import close_producer
+from quotastream.producer_close import longest_close_s as longest_producer_close_s
 from quotastream.published_events import CountedEvent, Message, batched_messages
 
 log = logging.getLogger(__name__)
@@ -165,24 +167,26 @@ class UsagePublisher:
     def longest_close_s(timeout_s: float) -> float:
         """How long :meth:`close` may take: ``timeout_s`` for room in the queue, as long for
         the sends still queued, and the producer's own close."""
-        return 2 * timeout_s + longest_close_s(timeout_s)
+        return 2 * timeout_s + longest_producer_close_s(timeout_s)
 
     def close(self, timeout_s: float) -> None:
         """Publishes what was offered, then flushes and closes the producer. It returns once
         every event offered is counted as published or dropped (unless it logs that it could
         not), so the counts a stop leaves are whole."""
         self._close_timeout_s = timeout_s
+        longest = self.longest_close_s(timeout_s)
+        deadline = time.monotonic() + longest
         try:
             self._queue.put(None, timeout=timeout_s)
         except queue.Full:
             log.error("the usage publisher did not catch up within %.0f s of the stop", timeout_s)
             return
-        self._thread.join(self.longest_close_s(timeout_s) - timeout_s)
+        self._thread.join(max(deadline - time.monotonic(), 0.0))
         if self._thread.is_alive():
             log.error(
                 "the usage publisher had not closed %.0f s after the stop: what it still held "
                 "is not counted",
-                self.longest_close_s(timeout_s),
+                longest,
             )
 
     def _run(self) -> None:
