@@ -473,16 +473,20 @@ class _Rejected(NamedTuple):
 
 
 _DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
+#: How msgspec (0.23 and later) begins its error for a string that is not UTF-8.
+_NOT_UTF8 = "Invalid UTF-8"
 
 
 def _rejection(error: Exception) -> _Rejected:
     """Why msgspec could not decode a payload (one of ``_DECODE_ERRORS``)."""
     if isinstance(error, msgspec.ValidationError):
         return _Rejected(_validation_reason(str(error)), str(error))
+    # msgspec 0.23 reports a string that is not UTF-8 as a DecodeError; earlier versions
+    # raised UnicodeDecodeError.
+    if isinstance(error, UnicodeDecodeError) or str(error).startswith(_NOT_UTF8):
+        return _Rejected(RejectReason.INVALID_UTF8, str(error))
     if isinstance(error, msgspec.DecodeError):
         return _Rejected(RejectReason.INVALID_JSON, str(error))
-    if isinstance(error, UnicodeDecodeError):
-        return _Rejected(RejectReason.INVALID_UTF8, str(error))
     return _Rejected(RejectReason.TOO_DEEP, "JSON is nested too deeply")
 
 
