@@ -27,6 +27,11 @@ from quotastream.redis_contract import release_channel
 from state.config import parse_quota_config
 from state.events import parse_events
 from state.live_config import Change, SetClientQuota, SetEnforcement
+from streaming.engine.checkpoint_files import (
+    FILE_MANAGER_KEY,
+    FILE_SYSTEM_MANAGER,
+    choose_file_manager,
+)
 from streaming.engine.config_log import ConfigLog
 from streaming.engine.exporter import EngineMetrics
 from streaming.engine.job import start_query
@@ -621,3 +626,20 @@ def test_a_redis_outage_past_max_outage_fails_the_query_and_a_restart_resumes_ex
         query.stop()
         if returned is not None:
             returned.stop()
+
+
+def test_a_local_checkpoint_is_written_through_hadoops_file_system_api(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Spark's default file manager runs ``readlink`` and ``chmod`` processes for each local
+    checkpoint file (streaming/engine/checkpoint_files.py); other file systems keep it."""
+    local = str(tmp_path / "checkpoint")
+    assert choose_file_manager(spark, local, {}) == FILE_SYSTEM_MANAGER
+    assert spark.conf.get(FILE_MANAGER_KEY) == FILE_SYSTEM_MANAGER
+    assert choose_file_manager(spark, (tmp_path / "elsewhere").as_uri(), {}) == FILE_SYSTEM_MANAGER
+    # A query on HDFS after a local one in the same session gets Spark's own choice back.
+    assert choose_file_manager(spark, "hdfs://namenode:8020/checkpoint", {}) is None
+    assert spark.conf.get(FILE_MANAGER_KEY, None) is None
+    operators = {FILE_MANAGER_KEY: "com.example.TheirManager"}
+    assert choose_file_manager(spark, local, operators) == "com.example.TheirManager"
+    assert spark.conf.get(FILE_MANAGER_KEY, None) is None

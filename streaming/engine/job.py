@@ -39,6 +39,7 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from state.config import QuotaConfig
 from state.shard import ShardState
 from streaming.class_archive import sharing_options
+from streaming.engine.checkpoint_files import choose_file_manager
 from streaming.engine.client_settings import settings_for
 from streaming.engine.config_log import ConfigLog, ConfigSource
 from streaming.engine.exporter import EngineMetrics
@@ -154,6 +155,7 @@ def start_query(
     spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", str(not available_now).lower())
     # Taken by a new checkpoint only; a restarted query keeps the count it began with.
     spark.conf.set("spark.sql.shuffle.partitions", str(settings.spark.state_tasks(cores)))
+    choose_file_manager(spark, settings.spark.checkpoint, settings.spark.conf)
     source = engine_source(stage)
     spark.dataSource.register(source)
     staged = spark.readStream.format(source.name()).options(**options).load()
