@@ -5,7 +5,8 @@ Prints one JSON object and appends it to bench/results/pipeline.jsonl:
 
 * ``ceiling``: a bare kafka-python poll loop (one consumer, one core) over the single-event
   topic, measured in the same run: the rate the engine's reads are compared with;
-* ``fixed_cost``: micro-batches of 4 events on a warm query (what every batch pays);
+* ``fixed_cost``: micro-batches of 4 events on a warm query (what every batch pays), with the
+  medians of Spark's phases of them;
 * ``single`` / ``batched``: a pre-loaded topic drained with Trigger.AvailableNow, in batches of
   ``maxOffsetsPerTrigger``; events/s = events / the sum of Spark's batch durations, with the
   batches' time breakdown (Spark's phases) so that a missed target says where the time goes;
