@@ -323,8 +323,9 @@ def fixed_cost(
     """Micro-batches of 4 events each on a running (warm) query.
 
     A query's first batches run slower while it starts: the first (~9 s) starts the Python
-    workers, and the next four or five took 0.9-1.4 s against 0.55-0.85 s from then on (runs
-    of 14 and 20 batches, 2026-11-29). The median is of the batches after the first six."""
+    workers, and in four runs of 8-20 batches (2026-11-29) the next four took 0.71-1.43 s
+    (median 1.07 s) and those after them 0.57-1.01 s (median 0.69 s). The median is of the
+    batches after the first six."""
     query = running_query(spark, kafka, redis_server, topic)
     traffic = Traffic(seed=5, clients=100)
     phases: list[dict[str, int]] = []
