@@ -6,7 +6,7 @@ system, without Hadoop's native library (PySpark ships none), runs a process for
 cannot do in Java: ``readlink`` four times per rename (is the source or the target a symbolic
 link?) and ``chmod`` for the file and its ``.crc``. Each costs ~10 ms from the JVM on this
 machine, and a micro-batch writes at least four such files (two logs, a delta per state task):
-~100-150 ms of every batch's fixed cost went to ~36 processes.
+24 processes, ~100-150 ms of every batch's fixed cost (docs/streaming.md).
 
 For a local checkpoint the engine uses Spark's ``FileSystemBasedCheckpointFileManager`` instead:
 the same temporary-file-and-rename protocol through Hadoop's ``FileSystem`` API, whose local
