@@ -402,3 +402,16 @@ def test_a_batch_decides_with_the_configuration_version_it_pinned() -> None:
         assert timers["timers_pending"] == int(pending)
     # Each version's records were read once, moving forward from the previous version.
     assert reads == [(0, 1), (1, 2), (2, 3), (3, 4)]
+
+
+def test_packs_are_compressed_and_read_back_whole() -> None:
+    """A usage row leaves most of STAGE_SCHEMA null, and every pack's byte crosses into the JVM,
+    its shuffle and back: packs are LZ4-compressed Arrow streams."""
+    table = pa.Table.from_batches(list(staged_batches(reads_of(payloads(3, 2_000), 1), SETTINGS)))
+    (packs,) = stages.arrow_streams([table])
+    uncompressed = pa.BufferOutputStream()
+    with pa.ipc.new_stream(uncompressed, table.schema) as writer:
+        writer.write_table(table)
+    assert len(packs) == 1
+    assert packs.nbytes < uncompressed.tell() / 2
+    assert pa.Table.from_batches(stages.stream_batches(packs[0].as_buffer())).equals(table)
