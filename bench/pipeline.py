@@ -317,6 +317,11 @@ def running_query(spark: Any, kafka: LocalService, redis_server: LocalService, t
     return start_query(spark, settings(kafka, redis_server, topic), CONFIG)
 
 
+#: Tiny batches a fixed-cost run sends, and how many of them its query's start-up slows.
+TINY_BATCHES = 14
+TINY_STARTUP_BATCHES = 6
+
+
 def fixed_cost(
     spark: Any, kafka: LocalService, redis_server: LocalService, topic: str = "tiny"
 ) -> dict[str, Any]:
@@ -325,19 +330,19 @@ def fixed_cost(
     A query's first batches run slower while it starts: the first (~9 s) starts the Python
     workers, and in four runs of 8-20 batches (2026-11-29) the next four took 0.71-1.43 s
     (median 1.07 s) and those after them 0.57-1.01 s (median 0.69 s). The median is of the
-    batches after the first six."""
+    batches after the first :data:`TINY_STARTUP_BATCHES`."""
     query = running_query(spark, kafka, redis_server, topic)
     traffic = Traffic(seed=5, clients=100)
     phases: list[dict[str, int]] = []
     try:
-        for round_ in range(14):
+        for round_ in range(TINY_BATCHES):
             now = int(time.time() * 1000)
             publish(kafka, topic, traffic.messages(4, 1, now))
             batch = wait_for(partial(_batches_after, query, round_), timeout_s=60)
             phases.append(batch[0]["durationMs"])
     finally:
         query.stop()
-    warm = phases[6:]
+    warm = phases[TINY_STARTUP_BATCHES:]
     return {
         "tiny_batch_ms": statistics.median(p["triggerExecution"] for p in warm),
         "tiny_batch_ms_all": [p["triggerExecution"] for p in phases],
