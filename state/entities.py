@@ -80,21 +80,26 @@ def client_keys(
     sharing: Int64Array, users: ObjectArray, clients: ObjectArray, brokers: Int64Array | None
 ) -> ObjectArray:
     """The usage-counter key of each client entity under its sharing rule."""
-    names = {"user": escape(users), "client-id": escape(clients)}
-    by_sharing = {
-        sharing: pc.binary_join_element_wise(
+    # Only the rules in use are joined: most configurations share every counter one way.
+    present = np.unique(sharing).tolist()
+    of_part = {"user": users, "client-id": clients}
+    names = {part: escape(of_part[part]) for rule in present for part in KEY_PARTS[rule]}
+    by_sharing = [
+        pc.binary_join_element_wise(
             *(
                 piece
-                for position, part in enumerate(parts)
+                for position, part in enumerate(KEY_PARTS[rule])
                 for piece in (("," if position else "") + part + "=", names[part])
             ),
             "",
         )
-        for sharing, parts in KEY_PARTS.items()
-    }
-    order = sorted(by_sharing)
-    choice = pa.array(np.searchsorted(np.array(order), sharing), type=pa.int8())
-    keys = pc.choose(choice, *(by_sharing[s] for s in order))
+        for rule in present
+    ]
+    if len(present) <= 1:
+        keys = by_sharing[0] if by_sharing else pa.array([], pa.string())
+    else:
+        choice = pa.array(np.searchsorted(np.array(present), sharing), type=pa.int8())
+        keys = pc.choose(choice, *by_sharing)
     if brokers is not None:
         keys = pc.binary_join_element_wise(keys, ",broker=", _as_text(brokers), "")
     return _to_objects(keys)
