@@ -6,6 +6,7 @@ import itertools
 import json
 from collections.abc import Hashable
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
@@ -415,3 +416,19 @@ def test_packs_are_compressed_and_read_back_whole() -> None:
     assert len(packs) == 1
     assert packs.nbytes < uncompressed.tell() / 2
     assert pa.Table.from_batches(stages.stream_batches(packs[0].as_buffer())).equals(table)
+
+
+def test_an_entity_s_shard_is_pinned_whether_or_not_its_keys_are_distinct() -> None:
+    """A restarted query finds an entity's state in the shard it was kept in: the hash must not
+    change between processes, runs or pandas versions (these shards were the first ones)."""
+    keys = [
+        "user=alice,client-id=app1",
+        "client-id=app%2C2",
+        "broker=1",
+        "user=bob",
+        "cluster",
+        "topic=t,partition=0",
+    ]
+    pinned = [6, 7, 4, 5, 2, 7]
+    assert stages.shard_of(pd.Series(keys * 2), 8).tolist() == pinned * 2
+    assert stages.shard_of(np.array(keys, dtype=object), 8, distinct=True).tolist() == pinned

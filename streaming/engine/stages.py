@@ -146,9 +146,12 @@ class StageSettings:
         return None if self.max_past_ms is None else now_ms - self.max_past_ms
 
 
-def shard_of(entities: pd.Series, shards: int) -> npt.NDArray[np.int32]:
-    """A stable shard per entity key (the same in every process and run)."""
-    hashes = pd.util.hash_array(entities.to_numpy(dtype=object), categorize=True)
+def shard_of(
+    entities: pd.Series | npt.NDArray[np.object_], shards: int, distinct: bool = False
+) -> npt.NDArray[np.int32]:
+    """A stable shard per entity key (the same in every process and run). ``distinct``: no key
+    recurs, so none is worth hashing once for all its rows (the hashes are the same)."""
+    hashes = pd.util.hash_array(np.asarray(entities, dtype=object), categorize=not distinct)
     return (hashes % np.uint64(shards)).astype(np.int32)
 
 
@@ -338,7 +341,9 @@ def _usage(
         .reset_index()
     )
     summed["quota"] = quota.categories.to_numpy(dtype=object)[summed["quota"].to_numpy()]
-    summed["entity"] = entity.categories.to_numpy(dtype=object)[summed["entity"].to_numpy()]
+    entity_codes = summed["entity"].to_numpy()
+    entities = entity.categories.to_numpy(dtype=object)
+    summed["entity"] = entities[entity_codes]
     # Code -1 (no partition) indexes the appended None.
     partitions = np.concatenate(
         [partition.categories.to_numpy(dtype=object), np.array([None], dtype=object)]
@@ -347,7 +352,8 @@ def _usage(
     summed["mode"] = _modes(summed, config)
     summed["config_version"] = version
     summed = summed.drop(columns="sample")
-    summed.insert(0, "shard", shard_of(summed["entity"], settings.shards))
+    shards = shard_of(entities, settings.shards, distinct=True)[entity_codes]
+    summed.insert(0, "shard", shards)
     return summed
 
 
@@ -409,7 +415,12 @@ def row_types(row_type: str, count: int) -> pa.Array:
 
 
 def _all_none(column: pd.Series) -> bool:
-    return column.dtype == object and bool(column.isna().all())
+    # The first value settles most columns without a pass over all of them.
+    return (
+        column.dtype == object
+        and (column.empty or pd.isna(column.iat[0]))
+        and bool(column.isna().all())
+    )
 
 
 def _modes(resolved: pd.DataFrame, config: QuotaConfig) -> npt.NDArray[np.object_]:
