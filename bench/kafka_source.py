@@ -52,6 +52,7 @@ from results import record  # bench/ is on sys.path when a script in it runs
 from streaming.engine.job import local_spark, source_options
 from streaming.engine.kafka_source import engine_source
 from streaming.engine.settings import EngineSettings
+from streaming.engine.shard_layout import ShardLayout
 from streaming.engine.source_records import KafkaRecords
 from streaming.engine.stages import STAGE_SCHEMA, StageSettings, staged_batches
 from streaming.kafka_broker import start_kafka
@@ -88,6 +89,10 @@ def spark_session(jars: list[Path]) -> SparkSession:
     return local_spark(EngineSettings.model_validate({"spark": {"conf": conf}}))
 
 
+#: The engine's shards as its query on two cores spreads them.
+LAYOUT = ShardLayout(EngineSettings().spark.shards, 2)
+
+
 def stage_connector_records(
     batches: Iterator[pa.RecordBatch], stage: StageSettings
 ) -> Iterator[pa.RecordBatch]:
@@ -103,7 +108,7 @@ def stage_connector_records(
             batch.column("value").to_pylist(),
             0,
         )
-        yield from staged_batches([records], stage)
+        yield from staged_batches([records], stage, LAYOUT)
 
 
 def connector_options(kafka: LocalService, topic: str) -> dict[str, str]:

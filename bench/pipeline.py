@@ -53,6 +53,7 @@ from streaming.engine.job import local_spark, start_query
 from streaming.engine.kafka_source import KafkaStreamReader
 from streaming.engine.offsets import SourceOptions, records_read
 from streaming.engine.settings import EngineSettings
+from streaming.engine.shard_layout import ShardLayout
 from streaming.engine.sinks import SinkSettings, write_batches
 from streaming.engine.source_records import KafkaRecords
 from streaming.engine.stages import (
@@ -472,12 +473,14 @@ def piece_costs(
     without Spark, after the batches ``before`` built the state: stage 1 (validate, resolve,
     sum, pack per shard), stage 2 (unpacking and the shards' steps, of which restoring and
     encoding the state is the part that grows with every entity held) and the Redis sink."""
-    stage = StageSettings(CONFIG, EventBounds(), 65_536, shards=shards)
+    stage = StageSettings(CONFIG, EventBounds(), 65_536)
+    # As a query on two cores spreads them.
+    layout = ShardLayout(shards, 2)
     states: dict[int, Any] = {}
 
     def stage1(messages: list[bytes]) -> list[pa.RecordBatch]:
         records = KafkaRecords("bench", 0, list(range(len(messages))), list(messages), 0)
-        return list(packed_by_shard(staged_batches([records], stage)))
+        return list(packed_by_shard(staged_batches([records], stage, layout)))
 
     def stage2(packs: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
         decisions = []

@@ -87,6 +87,7 @@ LAYERS: Final[Mapping[str, str]] = {
     "test_services.py": "engine",
     "test_soak.py": "engine",
     "test_stages.py": "engine",
+    "test_shard_layout.py": "engine",
     "test_bad_config.py": "scenario",
     "test_producer_close.py": "scenario",
     "test_chaos.py": "scenario",

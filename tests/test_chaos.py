@@ -40,7 +40,9 @@ from state.events import parse_events
 from state.live_config import Mode
 from state.shard import ShardState
 from streaming.engine.decision_values import decision_values
+from streaming.engine.offsets import layout_of
 from streaming.engine.settings import EngineSettings, load_engine_settings
+from streaming.engine.shard_layout import ShardLayout
 from streaming.engine.source_records import KafkaRecords
 from streaming.engine.stages import DECISION, StageSettings, update_shard
 from streaming.services import LocalService
@@ -191,6 +193,7 @@ class UnkilledRun:
         # As the engine's query builds them (streaming/engine/job.py start_query): one
         # configuration.
         self.stage = StageSettings.of(settings, config)
+        self.shards = settings.spark.shards
         self.prefix = settings.redis.key_prefix
         self.topic = topic
         #: The topic's records by (partition, offset).
@@ -217,8 +220,11 @@ class UnkilledRun:
             if offsets:
                 reads.append(KafkaRecords(self.topic, int(partition), offsets, values, 0))
             self.read_to[int(partition)] = int(end)
+        # The layout the batch pinned: the shards spread over the state tasks Spark pinned.
+        layout = layout_of(batch.offsets)
+        assert layout == ShardLayout(self.shards, batch.state_partitions), layout
         changed: dict[str, dict[str, Any]] = {}
-        for shard, given in shard_inputs(reads, self.stage).items():
+        for shard, given in shard_inputs(reads, self.stage, layout).items():
             update = update_shard(
                 self.states.get(shard), given, self.stage, shard, batch.timestamp_ms
             )

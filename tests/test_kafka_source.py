@@ -20,7 +20,8 @@ from state.config import parse_quota_config
 from state.events import EventBounds
 from streaming.engine.kafka_clients import end_offsets, new_consumer
 from streaming.engine.kafka_source import DataLossError, KafkaStreamReader, engine_source
-from streaming.engine.offsets import SourceOptions
+from streaming.engine.offsets import LAYOUT_KEY, SourceOptions, layout_of
+from streaming.engine.shard_layout import ShardLayout
 from streaming.engine.source_records import BYTES_PER_CHUNK
 from streaming.engine.stages import StageSettings
 from streaming.kafka_broker import KafkaNode
@@ -43,7 +44,7 @@ def test_spark_plans_the_source_without_importing_the_staging_code(tmp_path: Pat
     """Each query start runs the source's planning in fresh Python processes (create, plan the
     reads, the trigger planner): none of them may need pandas, Redis or the quota core, whose
     imports cost each process over a second. A read gets the very settings the engine bound."""
-    stage = StageSettings(parse_quota_config(MIXED_QUOTAS, "test"), EventBounds(), 65_536, 4)
+    stage = StageSettings(parse_quota_config(MIXED_QUOTAS, "test"), EventBounds(), 65_536)
     source_class = engine_source(stage)
     pickled = tmp_path / "source.pickle"
     pickled.write_bytes(cloudpickle.dumps(source_class))  # type: ignore[no-untyped-call]
@@ -89,6 +90,8 @@ def reader(broker: LocalService, topic: str, **options: str) -> KafkaStreamReade
 
 
 Checkpoint = dict[str, dict[str, int]]
+#: The layout a new checkpoint pins when the options name none.
+NEW_LAYOUT = {LAYOUT_KEY: {"shards": 1, "tasks": 1}}
 
 
 def read_all(
@@ -125,7 +128,7 @@ def test_the_broker_reports_true_end_offsets(broker: LocalService) -> None:
     source = reader(broker, topic, startingOffsets="earliest")
     start = source.initialOffset()
     end = source.latestOffset(start, ReadAllAvailable())
-    assert end == {topic: {"0": 334, "1": 333, "2": 333}}
+    assert end == {topic: {"0": 334, "1": 333, "2": 333}, **NEW_LAYOUT}
     rows = read_all(source, start, end)
     assert sorted(int(value) for _, _, value in rows) == list(range(1000))
     assert source.latestOffset(end, ReadAllAvailable()) == end
@@ -187,7 +190,7 @@ def test_latest_starts_after_existing_records(broker: LocalService) -> None:
     produce(broker, topic, 50, 1)
     source = reader(broker, topic)  # startingOffsets defaults to latest
     start = source.initialOffset()
-    assert start == {topic: {"0": 50}}
+    assert start == {topic: {"0": 50}, **NEW_LAYOUT}
     produce(broker, topic, 5, 1, first=50)
     end = source.latestOffset(start, ReadAllAvailable())
     assert [value for _, _, value in read_all(source, start, end)] == [
@@ -202,7 +205,7 @@ def test_a_topic_created_after_the_query_started_is_read_from_its_beginning(
     topic = f"later-{uuid.uuid4().hex[:8]}"
     source = reader(broker, topic, startingOffsets="latest")
     start = source.initialOffset()
-    assert start == {}
+    assert start == NEW_LAYOUT
     admin = KafkaAdminClient(bootstrap_servers=broker.address)
     admin.create_topics([NewTopic(topic, 2, 1)])
     admin.close()
@@ -265,6 +268,33 @@ def test_a_partition_missing_from_the_metadata_is_gone_only_at_two_triggers_in_a
     ):
         source.latestOffset(first, ReadAllAvailable())
     source.stop()
+
+
+def test_a_checkpoint_keeps_the_shard_layout_it_began_with(
+    broker: LocalService, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The layout (the shards, and the state tasks their keys are spread over) is pinned with
+    the first batch's offsets, as Spark pins the state tasks: a restart with other settings keeps
+    it, and a checkpoint begun before layouts keeps its shard numbers."""
+    topic = new_topic(broker, 2)
+    produce(broker, topic, 20, 2)
+    first = reader(broker, topic, startingOffsets="earliest", shards="8", stateTasks="2")
+    start = first.initialOffset()
+    first.stop()
+    assert layout_of(start) == ShardLayout(8, 2)
+    restarted = reader(broker, topic, shards="16", stateTasks="4")
+    with caplog.at_level(logging.WARNING, logger="streaming.engine.kafka_source"):
+        end = restarted.latestOffset(start, ReadAllAvailable())
+        tasks = [partition.value for partition in restarted.partitions(start, end)]
+    assert layout_of(end) == ShardLayout(8, 2)
+    assert {task.layout for task in tasks} == {ShardLayout(8, 2)}
+    assert "the checkpoint keeps its 8 shards (spark.shards is 16)" in caplog.text
+    before_layouts = {topic: {"0": 0, "1": 0}}
+    end = restarted.latestOffset(before_layouts, ReadAllAvailable())
+    assert layout_of(end) is None
+    tasks = [partition.value for partition in restarted.partitions(before_layouts, end)]
+    assert {task.layout for task in tasks} == {ShardLayout.numbered(16)}
+    restarted.stop()
 
 
 def test_asking_for_a_topic_the_broker_lacks_does_not_create_it(broker: LocalService) -> None:

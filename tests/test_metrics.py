@@ -22,6 +22,7 @@ from streaming.engine.exported_entities import ExportedEntities
 from streaming.engine.exporter import EngineMetrics, KafkaEnds
 from streaming.engine.metric_names import METRICS
 from streaming.engine.settings import EngineSettings, load_engine_settings
+from streaming.engine.shard_layout import ShardLayout
 from streaming.engine.source_records import KafkaRecords
 from streaming.engine.stages import DECISION, DECISION_SCHEMA, StageSettings, update_shard
 from streaming.services import LocalService
@@ -401,7 +402,7 @@ def test_requests_are_the_accepted_events_count_summed_per_quota() -> None:
     """Each event stands for ``count`` requests (default 1); the exporter counts them per quota
     over every shard and writer, and counts nothing for events of no quota or rejected ones."""
     quotas = parse_quota_config(MIXED_QUOTAS, "test config")
-    stage = StageSettings(quotas, EventBounds(), 65_536, shards=3)
+    stage = StageSettings(quotas, EventBounds(), 65_536)
     counted = [
         {**produce("alice", "app", 100, BASE), "count": 3},
         produce("bob", "app", 100, BASE + 1),
@@ -425,7 +426,7 @@ def test_requests_are_the_accepted_events_count_summed_per_quota() -> None:
     request = SummaryRequest(top_k=10)
     written = [
         row
-        for shard, rows in shard_inputs([records], stage).items()
+        for shard, rows in shard_inputs([records], stage, ShardLayout(3, 2)).items()
         for batch in update_shard(None, rows, stage, shard, BASE + 10_000).batches
         for row in writer_summary(batch, request, written_at=BASE + 10_000)
     ]

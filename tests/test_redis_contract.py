@@ -28,6 +28,7 @@ from state.remote_log_view import RemoteLog, RetentionView
 from streaming.commands.live_view import Snapshot
 from streaming.engine.batch_summary import throttled_at
 from streaming.engine.decision_values import decision_values
+from streaming.engine.shard_layout import ShardLayout
 from streaming.engine.sinks import SinkSettings, write_batches
 from streaming.engine.source_records import KafkaRecords
 from streaming.engine.stages import (
@@ -230,9 +231,10 @@ def test_a_written_value_reads_back_as_the_row_and_throttles_as_its_columns_say(
 def test_unlimited_is_null_from_the_core_to_every_reader() -> None:
     """The core computes with inf; its decision rows, the value and the readers say None."""
     config = parse_quota_config({"clients": []}, "no quotas")
-    stage = StageSettings(config, EventBounds(), 65_536, shards=1, clock=lambda: BASE / 1000)
+    stage = StageSettings(config, EventBounds(), 65_536, clock=lambda: BASE / 1000)
     event = json.dumps(produce("alice", "app1", 500, BASE - 100)).encode()
-    staged = staged_batches([KafkaRecords("events", 0, [0], [event], 0)], stage)
+    reads = [KafkaRecords("events", 0, [0], [event], 0)]
+    staged = staged_batches(reads, stage, ShardLayout(1, 1))
     rows = pa.Table.from_batches(list(staged)).to_pandas()
     update = update_shard(None, rows, stage, 0, stage.now_ms())
     table = pa.Table.from_batches(update.batches)

@@ -27,6 +27,7 @@ from state.events import EventBounds
 from state.shard import ShardState
 from state.throttle_timers import ThrottleTimers
 from state.written_decisions import WritePolicy
+from streaming.engine.shard_layout import ShardLayout
 from streaming.engine.source_records import KafkaRecords
 from streaming.engine.stages import StageSettings, update_shard
 from tests.factories import BASE, produce
@@ -136,7 +137,6 @@ def run_soak(
         CONFIG,
         EventBounds(),
         65_536,
-        shards=1,
         max_past_ms=max_past_ms,
         clock=clock,
         # A written decision is remembered until its key expires: within the run, as an idle
@@ -158,7 +158,7 @@ def run_soak(
                     "events", 0, list(range(offset, offset + len(values))), list(values), 0
                 )
                 offset += len(values)
-                for shard, rows in shard_inputs([records], stage).items():
+                for shard, rows in shard_inputs([records], stage, ShardLayout(1, 1)).items():
                     update = update_shard(states.get(shard), rows, stage, shard, clock.now_ms)
                     if update.state is not None:
                         states[shard] = update.state

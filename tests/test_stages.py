@@ -26,6 +26,7 @@ from state.live_config import (
 from state.quota_types import QuotaType
 from state.shard import ShardState
 from streaming.engine import stages
+from streaming.engine.shard_layout import ShardLayout
 from streaming.engine.source_records import RECORDS_PER_CHUNK, KafkaRecords
 from streaming.engine.stages import (
     DECISION,
@@ -45,7 +46,10 @@ from tests.factories import BASE, MIXED_QUOTAS, mixed_payloads, produce, remote_
 from tests.stage_runs import packs_by_shard, shard_inputs
 
 CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
-SETTINGS = StageSettings(CONFIG, EventBounds(), 65_536, shards=4)
+SETTINGS = StageSettings(CONFIG, EventBounds(), 65_536)
+#: Four shards spread over two state tasks: their keys are not their numbers.
+LAYOUT = ShardLayout(4, 2)
+ONE_SHARD = ShardLayout(1, 1)
 NOW = BASE + 3_600_000  # the batch time: after every event, so throttles are over
 
 
@@ -62,8 +66,14 @@ def kafka_records(
     return KafkaRecords("events", 0, offsets, list(values), config_version)
 
 
-def staged(values: list[bytes], stage: StageSettings, config_version: int = 0) -> pd.DataFrame:
-    batches = list(staged_batches([kafka_records(values, config_version=config_version)], stage))
+def staged(
+    values: list[bytes],
+    stage: StageSettings,
+    config_version: int = 0,
+    layout: ShardLayout = ONE_SHARD,
+) -> pd.DataFrame:
+    reads = [kafka_records(values, config_version=config_version)]
+    batches = list(staged_batches(reads, stage, layout))
     rows: pd.DataFrame = pa.Table.from_batches(batches).to_pandas()
     return rows
 
@@ -105,7 +115,7 @@ def run_stages(
     latest: dict[tuple[str, str], dict[Hashable, object]] = {}
     rejects = []
     for values in micro_batches:
-        inputs = shard_inputs(reads_of(values, reads), SETTINGS, staged_together)
+        inputs = shard_inputs(reads_of(values, reads), SETTINGS, LAYOUT, staged_together)
         for shard, rows in inputs.items():
             update = update_shard(states.get(shard), rows, SETTINGS, shard, NOW)
             if update.state is not None:  # the dead-letter group keeps none
@@ -158,13 +168,14 @@ def test_a_shard_is_given_every_read_s_rows_of_it_in_order(
     if small_packs:
         monkeypatch.setattr(stages, "PACK_BYTES", 2_000)
         monkeypatch.setattr(stages, "BATCH_OF_PACKS_BYTES", 20_000)
-        batches = list(stages.packed_by_shard(staged_batches(reads[:1], SETTINGS)))
+        batches = list(stages.packed_by_shard(staged_batches(reads[:1], SETTINGS, LAYOUT)))
         assert len(batches) > 1
-        assert max(len(packs) for packs in packs_by_shard(reads[:1], SETTINGS).values()) > 1
+        assert max(len(packs) for packs in packs_by_shard(reads[:1], SETTINGS, LAYOUT).values()) > 1
     staged_rows = pa.Table.from_batches(
-        [batch for read in reads for batch in staged_batches([read], SETTINGS)], STAGE_SCHEMA
+        [batch for read in reads for batch in staged_batches([read], SETTINGS, LAYOUT)],
+        STAGE_SCHEMA,
     ).to_pandas(integer_object_nulls=True)
-    given = shard_inputs(reads, SETTINGS, records=1)  # each read staged on its own
+    given = shard_inputs(reads, SETTINGS, LAYOUT, records=1)  # each read staged on its own
     assert sorted(given) == sorted(staged_rows["shard"].unique())
     assert -1 in given
     for shard, rows in given.items():
@@ -194,7 +205,7 @@ def test_reads_staged_together_keep_each_reject_s_own_coordinates() -> None:
         KafkaRecords("a", 0, [10, 11], [good, b"not json"], 0),
         KafkaRecords("b", 3, [100, 101, 102], [b"[" + good + b',{"kind":"x"}]', good, None], 0),
     ]
-    batches = list(staged_batches(reads, SETTINGS))
+    batches = list(staged_batches(reads, SETTINGS, LAYOUT))
     rows = pa.Table.from_batches(batches, STAGE_SCHEMA).to_pandas(integer_object_nulls=True)
     rejected = rows[rows["row_type"] == REJECT]
     assert rejected[["topic", "partition", "offset", "index"]].values.tolist() == [
@@ -204,11 +215,11 @@ def test_reads_staged_together_keep_each_reject_s_own_coordinates() -> None:
     ]
     assert rows.loc[rows["row_type"] == "usage", "requests"].sum() == 3
     with pytest.raises(ValueError, match="configuration versions"):
-        list(staged_batches([*reads, KafkaRecords("a", 0, [12], [good], 1)], SETTINGS))
+        list(staged_batches([*reads, KafkaRecords("a", 0, [12], [good], 1)], SETTINGS, LAYOUT))
 
 
 def test_a_shards_output_has_every_kind_of_row_in_the_decision_schema() -> None:
-    rows = staged(payloads(4, 200), SETTINGS)
+    rows = staged(payloads(4, 200), SETTINGS, layout=LAYOUT)
     batches = [
         batch
         for _, group in rows.groupby("shard")
@@ -221,7 +232,7 @@ def test_a_shards_output_has_every_kind_of_row_in_the_decision_schema() -> None:
 
 def test_the_shards_packed_output_unpacks_into_the_same_rows() -> None:
     """What Spark moves between the stateful stage and the sink: one value per shard."""
-    rows = staged(payloads(4, 200), SETTINGS)
+    rows = staged(payloads(4, 200), SETTINGS, layout=LAYOUT)
     updates = [
         update_shard(None, group, SETTINGS, int(group["shard"].iloc[0]), NOW)
         for _, group in rows.groupby("shard")
@@ -240,7 +251,6 @@ def test_idle_entities_leave_the_state_and_late_events_for_them_are_rejected() -
         CONFIG,
         EventBounds(),
         65_536,
-        shards=1,
         max_past_ms=60_000,
         max_future_ms=60_000,
         clock=lambda: clock[0],
@@ -279,7 +289,7 @@ def one_shard_step(
 
 
 def test_remote_segment_events_keep_partition_sizes_once_per_segment() -> None:
-    stage = StageSettings(CONFIG, EventBounds(), 65_536, shards=1, clock=lambda: BASE / 1000)
+    stage = StageSettings(CONFIG, EventBounds(), 65_536, clock=lambda: BASE / 1000)
 
     def segment(segment_id: str, size: int, state: str, epoch: int) -> bytes:
         event = remote_segment("orders", 3, segment_id, size, state, BASE - 1000, epoch)
@@ -308,7 +318,7 @@ def test_an_unclean_election_counts_diverged_segments_in_the_metric_but_not_in_r
     (spanning both) and c; an unclean election gave epoch 2 to broker 2, whose log ended at 149,
     so c (offsets 130-199) is outside the new lineage. RemoteLogSizeBytes counts every listed
     segment; retention counts and walks only the lineage's, each once."""
-    stage = StageSettings(CONFIG, EventBounds(), 65_536, shards=1, clock=lambda: BASE / 1000)
+    stage = StageSettings(CONFIG, EventBounds(), 65_536, clock=lambda: BASE / 1000)
 
     def segment(segment_id: str, size: int, epochs: dict[int, int], end: int) -> bytes:
         event = remote_segment("orders", 3, segment_id, size, "copy_finished", BASE - 1000)
@@ -380,7 +390,6 @@ def test_a_batch_decides_with_the_configuration_version_it_pinned() -> None:
         base,
         EventBounds(),
         65_536,
-        shards=1,
         clock=lambda: BASE / 1000,
         live_configs=LiveConfigs(base, read),
     )
@@ -408,7 +417,8 @@ def test_a_batch_decides_with_the_configuration_version_it_pinned() -> None:
 def test_packs_are_compressed_and_read_back_whole() -> None:
     """A usage row leaves most of STAGE_SCHEMA null, and every pack's byte crosses into the JVM,
     its shuffle and back: packs are LZ4-compressed Arrow streams."""
-    table = pa.Table.from_batches(list(staged_batches(reads_of(payloads(3, 2_000), 1), SETTINGS)))
+    staged_rows = staged_batches(reads_of(payloads(3, 2_000), 1), SETTINGS, LAYOUT)
+    table = pa.Table.from_batches(list(staged_rows))
     (packs,) = stages.arrow_streams([table])
     uncompressed = pa.BufferOutputStream()
     with pa.ipc.new_stream(uncompressed, table.schema) as writer:
@@ -430,5 +440,9 @@ def test_an_entity_s_shard_is_pinned_whether_or_not_its_keys_are_distinct() -> N
         "topic=t,partition=0",
     ]
     pinned = [6, 7, 4, 5, 2, 7]
-    assert stages.shard_of(pd.Series(keys * 2), 8).tolist() == pinned * 2
-    assert stages.shard_of(np.array(keys, dtype=object), 8, distinct=True).tolist() == pinned
+    numbered = ShardLayout.numbered(8)
+    assert stages.shard_of(pd.Series(keys * 2), numbered).tolist() == pinned * 2
+    assert stages.shard_of(np.array(keys, dtype=object), numbered, distinct=True).tolist() == pinned
+    # A layout gives the same shards their keys.
+    spread = ShardLayout(8, 2)
+    assert stages.shard_of(pd.Series(keys), spread).tolist() == [spread.keys[s] for s in pinned]

@@ -153,8 +153,12 @@ def start_query(
     # Shards wake up for their throttle timers in batches without data; a run that stops when
     # the input is read (available-now) must not wait for timers, so it runs none.
     spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", str(not available_now).lower())
-    # Taken by a new checkpoint only; a restarted query keeps the count it began with.
-    spark.conf.set("spark.sql.shuffle.partitions", str(settings.spark.state_tasks(cores)))
+    # Taken by a new checkpoint only; a restarted query keeps the count it began with, and the
+    # shard layout spread over it (streaming/engine/shard_layout.py), which the source pins.
+    state_tasks = settings.spark.state_tasks(cores)
+    spark.conf.set("spark.sql.shuffle.partitions", str(state_tasks))
+    options["shards"] = str(settings.spark.shards)
+    options["stateTasks"] = str(state_tasks)
     choose_file_manager(spark, settings.spark.checkpoint, settings.spark.conf)
     source = engine_source(stage)
     spark.dataSource.register(source)

@@ -70,10 +70,12 @@ from streaming.engine.offsets import (
     SourceOptions,
     from_json,
     group_ranges,
+    layout_of,
     limit_end,
     plan_ranges,
     to_json,
 )
+from streaming.engine.shard_layout import ShardLayout
 from streaming.engine.source_records import (
     BYTES_PER_CHUNK,
     RECORDS_PER_CHUNK,
@@ -94,10 +96,12 @@ MIN_RECORDS_PER_TASK = 100
 
 @dataclass(frozen=True)
 class ReadTask:
-    """One input partition: offset ranges, and the configuration version of their batch."""
+    """One input partition: offset ranges, and what their batch pinned: the configuration
+    version and the shard layout."""
 
     ranges: tuple[OffsetRange, ...]
     config_version: int
+    layout: ShardLayout
 
 
 @dataclass(frozen=True)
@@ -179,6 +183,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: Offsets | None = None
         #: Partitions read before that the last trigger did not find in the metadata.
         self._missing: set[tuple[str, int]] = set()
+        self._warned_layout = False
         #: The driver's outage clock: it lasts across triggers, so an outage is timed from the
         #: first trigger that found the broker unreachable.
         self._outage = kafka_outage(
@@ -204,15 +209,16 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _initial_offsets(self) -> dict[str, dict[str, int]]:
         starting = self.options.starting_offsets
+        layout = self.options.layout
         if starting == "latest":
-            return to_json(self._ends().events)
+            return to_json(self._ends().events, layout)
         partitions = self._topic_partitions()
         if starting == "earliest":
             offsets = self._earliest(partitions)
         else:
             earliest = self._earliest(partitions)
             offsets = {tp: starting.get(tp, earliest[tp]) for tp in partitions}
-        return to_json(offsets)
+        return to_json(offsets, layout)
 
     @override
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -222,21 +228,23 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @override
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, dict[str, int]]:
         """The offsets the next micro-batch reads up to; ``start`` itself (nothing new) while
-        the broker does not answer."""
-        begin = from_json(start)
+        the broker does not answer. The shard layout ``start`` pinned is kept."""
+        begin, layout = from_json(start), layout_of(start)
         try:
-            latest = self._latest(begin, limit)
+            latest = self._latest(begin, limit, layout)
         except KafkaError as error:
             if not is_outage(error):
                 raise
             self._outage.failed(error)  # past maxOutageSeconds: OutageError fails the query
             # A broker that does not answer says nothing about which partitions exist.
             self._missing = set()
-            return to_json(begin)
+            return to_json(begin, layout)
         self._outage.recovered()
         return latest
 
-    def _latest(self, begin: Offsets, limit: ReadLimit) -> dict[str, dict[str, int]]:
+    def _latest(
+        self, begin: Offsets, limit: ReadLimit, layout: ShardLayout | None
+    ) -> dict[str, dict[str, int]]:
         ends = self._ends()
         available, config = ends.events, ends.config
         earliest = self._earliest([TopicPartition(*tp) for tp in available if tp not in begin])
@@ -271,11 +279,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         limited = limit_end({tp: begin[tp] for tp in available}, available, max_rows)
         # Only a trigger that read the whole metadata counts toward "missing twice in a row".
         self._missing = missing
-        return to_json({**begin, **{tp: max(end, 0) for tp, end in limited.items()}, **config})
+        until = {**begin, **{tp: max(end, 0) for tp, end in limited.items()}, **config}
+        return to_json(until, layout)
 
     @override
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begin, until = from_json(start), from_json(end)
+        layout = self._layout(end)
         # The configuration log is not read as data: its end offset is the batch's version.
         version = until.pop(self._config_partition, 0)
         # A partition whose log restarted below the checkpoint (data loss tolerated) is read
@@ -284,7 +294,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ranges = plan_ranges({**begin, **restarted}, until)
         tasks = self.options.read_tasks or len(ranges)
         return [
-            InputPartition(ReadTask(tuple(group), version))
+            InputPartition(ReadTask(tuple(group), version, layout))
             for group in group_ranges(ranges, tasks, MIN_RECORDS_PER_TASK)
         ]
 
@@ -312,8 +322,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
 
         stage = self.stage.load()
-        for reads in staged_together(self.records(partition.value)):
-            yield from packed_by_shard(staged_batches(reads, stage))
+        task: ReadTask = partition.value
+        for reads in staged_together(self.records(task)):
+            yield from packed_by_shard(staged_batches(reads, stage, task.layout))
 
     def records(self, task: ReadTask) -> Iterator[KafkaRecords]:
         """The records of a read task's ranges, in chunks."""
@@ -389,6 +400,22 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 continue
             partitions += [TopicPartition(topic, partition) for partition in sorted(ids)]
         return partitions
+
+    def _layout(self, end: dict[str, Any]) -> ShardLayout:
+        """The layout the checkpoint pinned (in every batch's offsets), or the shard numbers of
+        one begun before layouts."""
+        pinned = layout_of(end)
+        configured = self.options.layout
+        layout = pinned or ShardLayout.numbered(configured.shards)
+        if layout.shards != configured.shards and not self._warned_layout:
+            self._warned_layout = True
+            log.warning(
+                "the checkpoint keeps its %d shards (spark.shards is %d): an entity's state "
+                "stays in its shard for the checkpoint's life",
+                layout.shards,
+                configured.shards,
+            )
+        return layout
 
     @property
     def _config_partition(self) -> tuple[str, int]:

@@ -1,7 +1,8 @@
 """Kafka offset ranges for micro-batches: planning, rate limiting and the source's options.
 
 Offsets are kept in Spark's checkpoint as ``{"topic": {"partition": next offset}}`` (JSON object
-keys are strings), the same shape as Spark's own Kafka source.
+keys are strings), the same shape as Spark's own Kafka source, with one more entry
+(:data:`LAYOUT_KEY`, no topic's name) that pins the checkpoint's shard layout.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Literal, TypeVar
 from kafka import KafkaConsumer
 
 from streaming.engine.client_settings import ClientSettingError, typed_setting
+from streaming.engine.shard_layout import ShardLayout
 
 TopicPartition = tuple[str, int]
 #: Next offset to read per topic-partition.
@@ -25,23 +27,42 @@ class SourceOptionError(ValueError):
     """A Kafka source option is missing or invalid; the message names it."""
 
 
-def to_json(offsets: Offsets) -> dict[str, dict[str, int]]:
-    """The checkpoint form: ``{"topic": {"partition": offset}}``, sorted for stable output."""
+#: The checkpoint's entry for the shard layout: "$" is in no Kafka topic's name.
+LAYOUT_KEY = "$shards"
+
+
+def to_json(offsets: Offsets, layout: ShardLayout | None = None) -> dict[str, dict[str, int]]:
+    """The checkpoint form: ``{"topic": {"partition": offset}}``, sorted for stable output, and
+    the ``layout`` the checkpoint keeps (None: one begun before layouts)."""
     result: dict[str, dict[str, int]] = {}
     for (topic, partition), offset in sorted(offsets.items()):
         result.setdefault(topic, {})[str(partition)] = offset
+    if layout is not None:
+        result[LAYOUT_KEY] = layout.to_json()
     return result
 
 
 def from_json(data: Mapping[str, Mapping[str, int]]) -> Offsets:
+    """The offsets of the checkpoint form (its layout: :func:`layout_of`)."""
     try:
         return {
             (str(topic), int(partition)): int(offset)
             for topic, partitions in data.items()
+            if topic != LAYOUT_KEY
             for partition, offset in partitions.items()
         }
     except (AttributeError, TypeError, ValueError) as exc:
         raise SourceOptionError(f"offsets must look like {{'topic': {{'0': 42}}}}: {exc}") from None
+
+
+def layout_of(data: Mapping[str, Any]) -> ShardLayout | None:
+    """The shard layout the checkpoint form pins; None for a checkpoint begun before layouts."""
+    if LAYOUT_KEY not in data:
+        return None
+    try:
+        return ShardLayout.from_json(data[LAYOUT_KEY])
+    except ValueError as exc:
+        raise SourceOptionError(f"offsets' {LAYOUT_KEY!r}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -181,6 +202,9 @@ class SourceOptions:
     #: At most this many read tasks per micro-batch (the engine passes Spark's parallelism);
     #: None: one per topic-partition.
     read_tasks: int | None = None
+    #: The shard layout a new checkpoint takes (one already begun keeps its own): ``shards``
+    #: spread over ``stateTasks``, the ``spark.sql.shuffle.partitions`` the query starts with.
+    layout: ShardLayout = field(default_factory=lambda: ShardLayout(1, 1))
     #: kafka-python settings from ``kafka.*`` options (``kafka.security.protocol`` ->
     #: ``security_protocol``). May hold secrets (SASL passwords): kept out of repr and logs.
     client: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -224,6 +248,9 @@ class SourceOptions:
             status_file=lowered.get("statusfile", "").strip() or None,
             config_topic=config_topic,
             read_tasks=_positive(lowered, "readTasks", int),
+            layout=ShardLayout(
+                _positive(lowered, "shards", int) or 1, _positive(lowered, "stateTasks", int) or 1
+            ),
             client=_client_settings(options),
         )
 

@@ -41,6 +41,7 @@ from state.remote_log import LINEAGE
 from state.shard import USAGE_COLUMNS, Shard, ShardSettings, ShardState, timer_counts
 from state.timing_wheel import KAFKA_TICK_MS, KAFKA_WHEEL_SIZE
 from state.written_decisions import WritePolicy
+from streaming.engine.shard_layout import ShardLayout
 from streaming.engine.source_records import (
     BYTES_PER_CHUNK,
     RECORDS_PER_CHUNK,
@@ -95,7 +96,6 @@ class StageSettings:
     config: QuotaConfig
     bounds: EventBounds  # absolute event-time bounds
     max_payload_bytes: int
-    shards: int
     #: Events older than the wall clock by more than this are rejected, so no entity idle for
     #: longer can receive bytes again: its state can go (None: keep every entity).
     max_past_ms: int | None = None
@@ -118,7 +118,6 @@ class StageSettings:
             config=config,
             bounds=settings.events.bounds(None),
             max_payload_bytes=settings.events.max_payload_bytes,
-            shards=settings.spark.shards,
             max_past_ms=settings.events.max_past_ms,
             max_future_ms=settings.events.max_future_ms,
             timer_tick_ms=settings.timers.tick_ms,
@@ -147,12 +146,14 @@ class StageSettings:
 
 
 def shard_of(
-    entities: pd.Series | npt.NDArray[np.object_], shards: int, distinct: bool = False
+    entities: pd.Series | npt.NDArray[np.object_], layout: ShardLayout, distinct: bool = False
 ) -> npt.NDArray[np.int32]:
-    """A stable shard per entity key (the same in every process and run). ``distinct``: no key
-    recurs, so none is worth hashing once for all its rows (the hashes are the same)."""
+    """A stable shard per entity key (the same in every process and run), as the group key the
+    ``layout`` gives it. ``distinct``: no key recurs, so none is worth hashing once for all its
+    rows (the hashes are the same)."""
     hashes = pd.util.hash_array(np.asarray(entities, dtype=object), categorize=not distinct)
-    return (hashes % np.uint64(shards)).astype(np.int32)
+    keys = np.array(layout.keys, dtype=np.int32)
+    return keys[(hashes % np.uint64(layout.shards)).astype(np.intp)]
 
 
 def staged_together(
@@ -177,9 +178,10 @@ def staged_together(
 
 
 def staged_batches(
-    reads: Sequence[KafkaRecords], settings: StageSettings
+    reads: Sequence[KafkaRecords], settings: StageSettings, layout: ShardLayout
 ) -> Iterator[pa.RecordBatch]:
-    """Stage 1: Kafka records in, usage sums, segment events and rejects out (STAGE_SCHEMA).
+    """Stage 1: Kafka records in, usage sums, segment events and rejects out (STAGE_SCHEMA),
+    each usage and segment row with its shard's group key in the checkpoint's ``layout``.
 
     ``reads`` (of one micro-batch, so of one configuration version) are staged together: a
     staging pays pandas' and Arrow's costs per call, which a tiny batch read from several
@@ -192,7 +194,7 @@ def staged_batches(
     parsed = parse_events(payloads, bounds, settings.max_payload_bytes)
     is_segment = parsed.accepted["kind"].isin(STORAGE_KINDS).to_numpy()
     if is_segment.any():
-        segments = _segments(parsed.accepted[is_segment], settings)
+        segments = _segments(parsed.accepted[is_segment], layout)
         yield from arrow_rows(SEGMENT, segments, STAGE_SCHEMA)
     if len(parsed.accepted):
         version = versions.pop()
@@ -204,6 +206,7 @@ def staged_batches(
             settings,
             core.config,
             version,
+            layout=layout,
         )
         if len(usage):
             yield from arrow_rows(USAGE, usage, STAGE_SCHEMA)
@@ -299,6 +302,8 @@ def _usage(
     settings: StageSettings,
     config: QuotaConfig,
     version: int,
+    *,
+    layout: ShardLayout,
 ) -> pd.DataFrame:
     """Resolved events (with each one's ``requests``, row for row) summed per (quota, entity,
     partition key, sample), grouped by their category codes: strings are looked up for the sums
@@ -352,12 +357,12 @@ def _usage(
     summed["mode"] = _modes(summed, config)
     summed["config_version"] = version
     summed = summed.drop(columns="sample")
-    shards = shard_of(entities, settings.shards, distinct=True)[entity_codes]
+    shards = shard_of(entities, layout, distinct=True)[entity_codes]
     summed.insert(0, "shard", shards)
     return summed
 
 
-def _segments(events: pd.DataFrame, settings: StageSettings) -> pd.DataFrame:
+def _segments(events: pd.DataFrame, layout: ShardLayout) -> pd.DataFrame:
     """Segment events and lineage reports as stage rows, sharded by partition so that one shard
     keeps its sizes."""
     partition_keys = (
@@ -365,7 +370,7 @@ def _segments(events: pd.DataFrame, settings: StageSettings) -> pd.DataFrame:
     )
     rows = pd.DataFrame(
         {
-            "shard": shard_of(partition_keys, settings.shards),
+            "shard": shard_of(partition_keys, layout),
             "ts": events["ts"].to_numpy(),
             "counted_bytes": events["bytes"].to_numpy(),
             "topic": events["topic"].to_numpy(),
