@@ -183,6 +183,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: Offsets | None = None
         #: Partitions read before that the last trigger did not find in the metadata.
         self._missing: set[tuple[str, int]] = set()
+        #: Whether a ``spark.shards`` unlike the checkpoint's was reported (once a reader).
         self._warned_layout = False
         #: The driver's outage clock: it lasts across triggers, so an outage is timed from the
         #: first trigger that found the broker unreachable.

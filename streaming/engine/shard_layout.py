@@ -71,11 +71,11 @@ class ShardLayout:
 
     @staticmethod
     def from_json(data: Any) -> ShardLayout:
+        expected = "{'shards': N, 'tasks': M}"
         try:
-            if set(data) - {"shards", "tasks"}:
-                raise KeyError(sorted(set(data) - {"shards", "tasks"}))
             tasks = data.get("tasks")
-            return ShardLayout(int(data["shards"]), None if tasks is None else int(tasks))
+            if set(data) <= {"shards", "tasks"}:
+                return ShardLayout(int(data["shards"]), None if tasks is None else int(tasks))
         except (AttributeError, KeyError, TypeError, ValueError):
-            expected = "{'shards': N, 'tasks': M}"
-            raise ValueError(f"a shard layout is {expected}, not {data!r}") from None
+            pass
+        raise ValueError(f"a shard layout is {expected}, not {data!r}")
