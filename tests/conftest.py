@@ -88,6 +88,7 @@ LAYERS: Final[Mapping[str, str]] = {
     "test_soak.py": "engine",
     "test_stages.py": "engine",
     "test_shard_layout.py": "engine",
+    "test_worker_heap.py": "engine",
     "test_bad_config.py": "scenario",
     "test_producer_close.py": "scenario",
     "test_chaos.py": "scenario",

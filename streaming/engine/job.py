@@ -52,6 +52,7 @@ from streaming.engine.stages import (
     shard_rows,
     update_shard,
 )
+from streaming.engine.worker_heap import freeze_imports
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +228,7 @@ def _check_config_log(settings: EngineSettings, config: QuotaConfig) -> None:
 def _update_group(
     key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: GroupState, stage: StageSettings
 ) -> Iterator[pd.DataFrame]:
+    freeze_imports()
     packed = [] if state.hasTimedOut else [blob for frame in frames for blob in frame["rows"]]
     rows = shard_rows(packed)
     # The batch's time, kept in the checkpoint: a replayed batch fires the same timers.

@@ -83,6 +83,7 @@ from streaming.engine.source_records import (
     KafkaRecords,
 )
 from streaming.engine.source_status import write_status
+from streaming.engine.worker_heap import freeze_imports
 
 if TYPE_CHECKING:
     from streaming.engine.stages import StageSettings
@@ -322,6 +323,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             staged_together,
         )
 
+        freeze_imports()
         stage = self.stage.load()
         task: ReadTask = partition.value
         for reads in staged_together(self.records(task)):

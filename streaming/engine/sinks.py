@@ -46,6 +46,7 @@ from streaming.engine.client_settings import settings_for
 from streaming.engine.decision_values import decision_values
 from streaming.engine.kafka_clients import RECONNECT_BACKOFF_MAX_MS, kafka_outage, ride_out
 from streaming.engine.stages import DECISION, REJECT, REMOTE_LOG, TIMERS, unpacked
+from streaming.engine.worker_heap import freeze_imports
 
 if TYPE_CHECKING:
     from streaming.engine.settings import EngineSettings
@@ -243,6 +244,7 @@ def write_packed(
     summary: SummaryRequest | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """:func:`write_batches` of the stateful stage's packed output (``stages.PACKED_SCHEMA``)."""
+    freeze_imports()
     return write_batches(unpacked(batches), settings, summary)
 
 
