@@ -328,7 +328,8 @@ def start_kafka_cluster(
     metrics_exporter: bool = False,
 ) -> KafkaCluster:
     """``size`` Apache Kafka nodes forming one cluster, node ids 1..size, each a broker and a
-    voter of the metadata quorum; internal topics replicated to all of them (at most 3).
+    voter of the metadata quorum; internal topics replicated to all of them (at most 3); no
+    automatic move of leaders back to their preferred replicas.
     ``metrics_exporter``: each node runs the Prometheus JMX exporter as a Java agent, with
     ``conf/kafka/jmx-exporter.yaml`` (its ``metrics_url``)."""
     replicated = {
@@ -340,13 +341,18 @@ def start_kafka_cluster(
             "default.replication.factor",
         )
     }
+    # Leadership moves only when a node stops or is asked to: the controller would otherwise
+    # move each partition back to its preferred replica up to leader.imbalance.check.interval
+    # (5 min) after a node restarts, at a moment no test can know (a tiered partition's new
+    # leader then uploads from its own segment boundaries, changing what retention deletes).
+    stable_leaders = {"auto.leader.rebalance.enable": "false"}
     ports: list[int] = []
     for _ in range(size):
         ports.append(free_port(avoid=ports))
     nodes = _start_nodes(
         ports,
         security,
-        replicated | dict(properties or {}),
+        replicated | stable_leaders | dict(properties or {}),
         heap,
         timeout,
         standalone=False,

@@ -489,6 +489,7 @@ def test_the_engines_retention_walk_deletes_what_the_brokers_cleaner_deletes(
         produce_segments(address, topic, 2.5)
         assert leader_of(address, topic) != first
         at_rest = until(lambda: settled(tiered_cluster, settings, topic), 120, "at rest")
+        leader = leader_of(address, topic)
         remote_log = at_rest.remote_log
         assert sum(remote_log.epochs.values()) > remote_log.total  # a segment spans epochs
         walk = remote_log.retention_walk
@@ -527,6 +528,8 @@ def test_the_engines_retention_walk_deletes_what_the_brokers_cleaner_deletes(
             return now if now is not None and now.remote_log.total < remote_log.total else None
 
         after = until(deleted_and_settled, 60, "the broker's cleaner deletes segments")
+        # A new leader would compute retention over its own segments (start_kafka_cluster).
+        assert leader_of(address, topic) == leader
         assert deleted() == expected
         assert after.remote_log.retention_breach(retention_bytes, after.local_only_bytes) == []
     finally:
