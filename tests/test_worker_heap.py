@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.servers import ROOT
 
 #: What a Python worker imports for a state task, then three engine tasks' starts, with a module
 #: first imported between the second and the third; prints what each saw.
