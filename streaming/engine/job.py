@@ -52,7 +52,7 @@ from streaming.engine.stages import (
     shard_rows,
     update_shard,
 )
-from streaming.engine.worker_heap import freeze_imports
+from streaming.engine.worker_heap import ALLOCATOR_ENV, freeze_imports
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,8 @@ def local_spark(settings: EngineSettings, app_name: str = "quotastream") -> Spar
         .config("spark.driver.extraJavaOptions", f"{java_options} {own_options}".strip())
         .config("spark.executorEnv.PYTHONWARNINGS", _NOT_OUR_WARNINGS)
     )
+    for name, value in ALLOCATOR_ENV.items():
+        builder = builder.config(f"spark.executorEnv.{name}", value)
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark: SparkSession = builder.getOrCreate()
