@@ -14,8 +14,14 @@ engine as shipped and offers the load:
 3. The offered window: ``--rate`` events/s for ``--seconds`` (``overload.offer``), each event
    from a client drawn uniformly from the population, ``--per-message`` to a message, with
    ``ts`` the time the message is built. The messages are built as they are sent: formatting
-   costs ~0.75 us an event on one core here, so 100k events/s take ~8% of a core (pre-encoded
-   templates would save little of it), and what limits the producer is measured, not assumed:
+   costs ~0.5 us an event on one core here, so 100k events/s take ~5% of a core. The producer
+   and the broker share the machine with the engine, so the producer batches as a
+   high-throughput client would (``overload.offer``: up to 1 MiB per partition, 100 ms linger);
+   with kafka-python's defaults (16 KiB, so each ~47 KB message a batch of its own) the producer
+   and the broker used 0.20 and 0.26 cores at 100k events/s, against 0.125 and 0.155 (measured
+   without the engine, 2026-11-29). ``cpu_cores_in_window`` reports what each party used: this
+   process (the producer, the sampling, the query's Python driver), the broker, Spark's JVM, its
+   Python workers and Redis. What limits the producer is measured, not assumed:
    ``achieved_offered_events_per_s`` is what reached the topic (its end offsets) over the
    window's real length (from the first send to the producer's flush). When it falls short of
    the offered rate, it is the machine's ceiling for this run and the verdict is about it.
@@ -88,6 +94,7 @@ from kafka import KafkaConsumer, TopicPartition
 from overload import TOPIC, memory, offer, read_so_far
 from pipeline import CONFIG, PARTITIONS, create_topic, publish, scale_messages, settings
 from results import record  # bench/ is on sys.path when a script in it runs
+from soak import command_of, cpu_seconds, descendants
 
 from streaming.engine.job import GracefulStop, local_spark, start_query
 from streaming.engine.kafka_clients import end_offsets
@@ -214,6 +221,29 @@ class Watch:
         return True
 
 
+#: How :func:`cpu_by_party` tells this process's descendants apart, first match wins.
+PARTY_OF_COMMAND: tuple[tuple[str, str], ...] = (
+    ("kafka.Kafka", "broker"),
+    ("SparkSubmit", "spark_jvm"),  # before "pyspark": the JVM's arguments name pyspark-shell
+    ("pyspark", "python_workers"),
+    ("redis-server", "redis"),
+    ("valkey", "redis"),
+)
+
+
+def cpu_by_party() -> dict[str, float]:
+    """CPU seconds used so far by each party on the machine: this process (the producer, the
+    sampling, the query's Python driver), the broker, Spark's JVM, its Python workers, Redis."""
+    used = dict.fromkeys(("bench_process", *dict(PARTY_OF_COMMAND).values()), 0.0)
+    used["bench_process"] = cpu_seconds(os.getpid())
+    for pid in descendants(os.getpid()):
+        command = command_of(pid)
+        party = next((party for mark, party in PARTY_OF_COMMAND if mark in command), None)
+        if party:
+            used[party] += cpu_seconds(pid)
+    return used
+
+
 @dataclass(frozen=True)
 class Window:
     start: float  # epoch s
@@ -223,6 +253,8 @@ class Window:
     topic_end: int
     caught_up: bool
     samples: list[dict[str, Any]]
+    #: Cores each party used over the window (CPU seconds over its length).
+    cpu_cores: dict[str, float]
 
 
 def offered_window(watch: Watch, traffic: Population, rate: int, seconds: int) -> Window:
@@ -230,6 +262,7 @@ def offered_window(watch: Watch, traffic: Population, rate: int, seconds: int) -
     per_message = watch.per_message
     watch.new_batches()  # the batches before are not the window's
     start = watch.origin = time.time()
+    cpu_at_start = cpu_by_party()
     load = offer(watch.kafka, rate // per_message, per_message, seconds, traffic.messages)
     samples: list[dict[str, Any]] = []
     next_sample = start + SAMPLE_S
@@ -239,12 +272,16 @@ def offered_window(watch: Watch, traffic: Population, rate: int, seconds: int) -
             samples.append(watch.sample(offering=True))
             next_sample += SAMPLE_S
     end = time.time()
+    cpu_cores = {
+        party: round((used - cpu_at_start[party]) / (end - start), 2)
+        for party, used in cpu_by_party().items()
+    }
     read_at_end = read_so_far(watch.query)
     end_offset = watch.topic_end()
     samples.append(watch.sample(offering=False))
     caught_up = watch.until_read(end_offset, samples)
     watch.new_batches()
-    return Window(start, end, read_at_end, end_offset, caught_up, samples)
+    return Window(start, end, read_at_end, end_offset, caught_up, samples, cpu_cores)
 
 
 def verdict(window: Window, watch: Watch, preloaded: int) -> dict[str, Any]:
@@ -288,6 +325,7 @@ def verdict(window: Window, watch: Watch, preloaded: int) -> dict[str, Any]:
         "batch_ms_max": max((b.ms for b in in_window), default=None),
         "batch_events_p50": batch_events_p50,
         "batch_events_max": max((b.events for b in in_window), default=None),
+        "cpu_cores_in_window": window.cpu_cores,
     }
 
 
