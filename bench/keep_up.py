@@ -94,7 +94,7 @@ from kafka import KafkaConsumer, TopicPartition
 from overload import TOPIC, memory, offer, read_so_far
 from pipeline import CONFIG, PARTITIONS, create_topic, publish, scale_messages, settings
 from results import record  # bench/ is on sys.path when a script in it runs
-from soak import command_of, cpu_seconds, descendants
+from soak import cpu_seconds, descendants_by_party
 
 from streaming.engine.job import GracefulStop, local_spark, start_query
 from streaming.engine.kafka_clients import end_offsets
@@ -221,27 +221,16 @@ class Watch:
         return True
 
 
-#: How :func:`cpu_by_party` tells this process's descendants apart, first match wins.
-PARTY_OF_COMMAND: tuple[tuple[str, str], ...] = (
-    ("kafka.Kafka", "broker"),
-    ("SparkSubmit", "spark_jvm"),  # before "pyspark": the JVM's arguments name pyspark-shell
-    ("pyspark", "python_workers"),
-    ("redis-server", "redis"),
-    ("valkey", "redis"),
-)
-
-
 def cpu_by_party() -> dict[str, float]:
     """CPU seconds used so far by each party on the machine: this process (the producer, the
     sampling, the query's Python driver), the broker, Spark's JVM, its Python workers, Redis."""
-    used = dict.fromkeys(("bench_process", *dict(PARTY_OF_COMMAND).values()), 0.0)
-    used["bench_process"] = cpu_seconds(os.getpid())
-    for pid in descendants(os.getpid()):
-        command = command_of(pid)
-        party = next((party for mark, party in PARTY_OF_COMMAND if mark in command), None)
-        if party:
-            used[party] += cpu_seconds(pid)
-    return used
+    return {
+        "bench_process": cpu_seconds(os.getpid()),
+        **{
+            party: sum(cpu_seconds(pid) for pid in pids)
+            for party, pids in descendants_by_party().items()
+        },
+    }
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from pipeline import CONFIG, PARTITIONS, Traffic, create_topic
 from pipeline import settings as engine_settings
 from results import record  # bench/ is on sys.path when a script in it runs
-from soak import command_of, descendants, rss_mb
+from soak import descendants_by_party, rss_mb
 
 from streaming.engine.exporter import EngineMetrics
 from streaming.engine.job import local_spark, start_query
@@ -99,12 +99,11 @@ def scrape(port: int, name: str) -> float | None:
 
 
 def memory() -> dict[str, int]:
-    processes = descendants(os.getpid())
-    jvm = [pid for pid in processes if "java" in command_of(pid).split(" ")[0]]
-    workers = [pid for pid in processes if "pyspark" in command_of(pid) and pid not in jvm]
+    """Resident memory of Spark's JVM and of its Python workers."""
+    parties = descendants_by_party()
     return {
-        "jvm_mb": round(sum(rss_mb(pid) for pid in jvm)),
-        "python_workers_mb": round(sum(rss_mb(pid) for pid in workers)),
+        "jvm_mb": round(sum(rss_mb(pid) for pid in parties["spark_jvm"])),
+        "python_workers_mb": round(sum(rss_mb(pid) for pid in parties["python_workers"])),
     }
 
 

@@ -117,12 +117,33 @@ def command_of(pid: int) -> str:
         return ""
 
 
+#: How :func:`descendants_by_party` tells this process's descendants apart, first match wins.
+PARTY_OF_COMMAND: tuple[tuple[str, str], ...] = (
+    ("kafka.Kafka", "broker"),
+    ("SparkSubmit", "spark_jvm"),  # before "pyspark": the JVM's arguments name pyspark-shell
+    ("pyspark", "python_workers"),
+    ("redis-server", "redis"),
+    ("valkey", "redis"),
+)
+
+
+def descendants_by_party() -> dict[str, list[int]]:
+    """This process's descendants by what they are: the broker, Spark's JVM, its Python workers
+    (and their daemon), Redis; every party named, with no process if none runs."""
+    parties: dict[str, list[int]] = {party: [] for _, party in PARTY_OF_COMMAND}
+    for pid in descendants(os.getpid()):
+        command = command_of(pid)
+        party = next((party for mark, party in PARTY_OF_COMMAND if mark in command), None)
+        if party:
+            parties[party].append(pid)
+    return parties
+
+
 def sample(query: Any, began: float, after_batch: int) -> dict[str, Any]:
     """Memory now, and the micro-batches since ``after_batch``."""
     me = os.getpid()
-    processes = descendants(me)
-    jvm = [pid for pid in processes if "java" in command_of(pid).split(" ")[0]]
-    workers = [pid for pid in processes if "pyspark" in command_of(pid) and pid not in jvm]
+    parties = descendants_by_party()
+    jvm, workers = parties["spark_jvm"], parties["python_workers"]
     progress = [p for p in query.recentProgress if p["batchId"] > after_batch]
     state = progress[-1]["stateOperators"][0] if progress and progress[-1]["stateOperators"] else {}
     return {
