@@ -93,8 +93,8 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 from overload import TOPIC, memory, offer, read_so_far
 from pipeline import CONFIG, PARTITIONS, create_topic, publish, scale_messages, settings
+from processes import cpu_seconds, descendants_by_party
 from results import record  # bench/ is on sys.path when a script in it runs
-from soak import cpu_seconds, descendants_by_party
 
 from streaming.engine.job import GracefulStop, local_spark, start_query
 from streaming.engine.kafka_clients import end_offsets

@@ -25,8 +25,8 @@ from typing import Any
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from pipeline import CONFIG, PARTITIONS, Traffic, create_topic
 from pipeline import settings as engine_settings
+from processes import descendants_by_party, rss_mb
 from results import record  # bench/ is on sys.path when a script in it runs
-from soak import descendants_by_party, rss_mb
 
 from streaming.engine.exporter import EngineMetrics
 from streaming.engine.job import local_spark, start_query

@@ -76,6 +76,7 @@ from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 from kafka.record.default_records import DefaultRecordBatchBuilder
+from processes import cpu_seconds
 from proxy_closed_loop import closed_loop
 from results import record  # bench/ is on sys.path when a script in it runs
 
@@ -95,7 +96,6 @@ PREFILLED = "bench.proxy.fetch"
 LATENCY = "bench.proxy.latency"
 SMALL = "bench.proxy.small"
 
-_CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
 _INT32: Final = struct.Struct(">i")
 
 
@@ -113,13 +113,6 @@ def proxy_ports() -> tuple[int, int]:
         low, high = sorted((first, second))
         if high - 1 > low:
             return low, high - NODE_ID
-
-
-def cpu_seconds(pid: int) -> float:
-    """A process's user + system CPU time (all its threads)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
 class ProxyProcess:

@@ -21,16 +21,15 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
+from processes import descendants_by_party, rss_mb
 from results import record  # bench/ is on sys.path when a script in it runs
 
 from state.config import parse_quota_config
@@ -77,66 +76,6 @@ class OfferedLoad(threading.Thread):
     def stop(self) -> None:
         self._stopping.set()
         self.join(timeout=10)
-
-
-def rss_mb(pid: int) -> float:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0.0  # gone meanwhile
-    for line in status.splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU a process has used, 0 once it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def children(pid: int) -> list[int]:
-    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
-    return [int(child) for child in found.stdout.split()]
-
-
-def descendants(pid: int) -> list[int]:
-    direct = children(pid)
-    return direct + [grandchild for child in direct for grandchild in descendants(child)]
-
-
-def command_of(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-#: How :func:`descendants_by_party` tells this process's descendants apart, first match wins.
-PARTY_OF_COMMAND: tuple[tuple[str, str], ...] = (
-    ("kafka.Kafka", "broker"),
-    ("SparkSubmit", "spark_jvm"),  # before "pyspark": the JVM's arguments name pyspark-shell
-    ("pyspark", "python_workers"),
-    ("redis-server", "redis"),
-    ("valkey", "redis"),
-)
-
-
-def descendants_by_party() -> dict[str, list[int]]:
-    """This process's descendants by what they are: the broker, Spark's JVM, its Python workers
-    (and their daemon), Redis; every party named, with no process if none runs."""
-    parties: dict[str, list[int]] = {party: [] for _, party in PARTY_OF_COMMAND}
-    for pid in descendants(os.getpid()):
-        command = command_of(pid)
-        party = next((party for mark, party in PARTY_OF_COMMAND if mark in command), None)
-        if party:
-            parties[party].append(pid)
-    return parties
 
 
 def sample(query: Any, began: float, after_batch: int) -> dict[str, Any]:
