@@ -31,7 +31,7 @@ from quotastream.redis_contract import (
 from state.config import QuotaConfig, parse_quota_config
 from state.configfile import ConfigError
 from state.live_config import Mode
-from state.quota_rules import QuotaRules, Resolved
+from state.quota_rules import QuotaRules, Resolved, per_broker
 from state.quota_types import CLIENT_QUOTA_TYPES, QuotaType
 from state.remote_log_view import RemoteLog
 from state.timer_stats import TimerStats
@@ -204,9 +204,11 @@ class QuotaClient:
         self._resolver = _Resolver(QuotaRules(config), document.identity)
         return True
 
-    def entity_of_client(self, quota: str, user: str, client_id: str, broker: int) -> str:
+    def entity_of_client(self, quota: str, user: str, client_id: str, broker: int | None) -> str:
         """The client's counter under the configuration it is currently resolved with (no
-        round trip: :meth:`for_client` follows the live configuration first)."""
+        round trip: :meth:`for_client` follows the live configuration first). ``broker`` may be
+        None only for a quota measured cluster-wide (``scope: cluster``), whose counters name
+        no broker; ValueError for one measured per broker."""
         return self._resolved(quota, user, client_id, broker).entity
 
     def undecided(self, quota: str, user: str, client_id: str, broker: int) -> Decision:
@@ -255,22 +257,30 @@ class QuotaClient:
             )
         return window_spec(rules.config, QuotaType(quota))
 
-    def _resolved(self, quota: str, user: str, client_id: str, broker: int) -> Resolved:
+    def _resolved(self, quota: str, user: str, client_id: str, broker: int | None) -> Resolved:
         rules = self._resolver.rules
         if rules is None:
             raise ValueError(
                 "resolving a client's entity needs the quota config: none was given and the "
                 "engine has published none"
             )
-        return rules.client(_client_quota(quota, user, broker), user, client_id, broker)
+        quota_type = _client_quota(quota, user, broker)
+        if broker is None and per_broker(rules.config, quota_type):
+            raise ValueError(
+                f"{quota} is measured per broker (quota_types.{quota}.scope: broker): the "
+                "client's counter names the broker it is connected to"
+            )
+        return rules.client(quota_type, user, client_id, broker)
 
 
-def _client_quota(quota: str, user: str, broker: int) -> QuotaType:
+def _client_quota(quota: str, user: str, broker: int | None) -> QuotaType:
     """``quota`` as a client quota type, once the client is one the engine's events can name."""
     if quota not in CLIENT_QUOTA_TYPES:
         raise ValueError(f"{quota!r} is not a client quota ({', '.join(CLIENT_QUOTA_TYPES)})")
     if not user:
         raise ValueError("a client's user must not be empty")
+    if broker is None:
+        return QuotaType(quota)
     if isinstance(broker, bool) or not isinstance(broker, int) or broker < 0:
         raise ValueError(f"broker {broker!r} is not a broker id (an integer >= 0)")
     return QuotaType(quota)

@@ -15,8 +15,10 @@ import pytest
 import redis
 import yaml
 
+from quotastream.redis_contract import remote_log_key, remote_log_value
 from state.config import load_quota_config
 from state.live_config import DeleteClientQuota
+from state.remote_log_view import RemoteLog, RetentionView
 from streaming.commands.cli import main
 from streaming.commands.exit_codes import EXIT_FAILURE, EXIT_UNREACHABLE
 from streaming.engine.config_log import ConfigLog
@@ -461,11 +463,83 @@ def test_describe_a_broker(refused: Cli) -> None:
     )
 
 
+def test_describe_a_client_id_alone_as_kafka_configs_does(cli: Cli) -> None:
+    """``kafka-configs --describe --entity-type clients --entity-name special`` works, so does
+    ours: what applies to that client-id's clients of any user without a quota of its own, and
+    the users that have one."""
+    found = cli("quota", "describe", "--client-id", "special", "--json")
+    assert found.code == 0, found.err
+    client = found.json()["client"]
+    assert (client["user"], client["client_id"]) == (None, "special")
+    produce = client["quotas"]["produce"]
+    # Any other user's: user=<default> (level 6), one counter per user.
+    assert (produce["limit"], produce["level"], produce["from"], produce["counter"]) == (
+        2000.0,
+        6,
+        "user=<default>",
+        "user=U,broker=N",
+    )
+    own = {o["user"]: (o["limit"], o["level"], o["from"]) for o in produce["own_quotas"]}
+    assert own == {
+        "alice": (300.0, 2, "user=alice,client-id=<default>"),
+        "mirror": (700.0, 1, "user=mirror,client-id=special"),
+    }
+    # mirror is exempt for fetch at its own level (3); alice sets no fetch rate.
+    fetch_own = client["quotas"]["fetch"]["own_quotas"]
+    assert [(o["user"], o["exempt"], o["level"]) for o in fetch_own] == [("mirror", True, 3)]
+    kafkas = cli(
+        "quota", "describe", "--entity-type", "clients", "--entity-name", "special", "--json"
+    )
+    assert (kafkas.code, kafkas.json()) == (0, found.json())
+
+    text = cli("quota", "describe", "--client-id", "special").out.splitlines()
+    assert text[0] == "client-id=special, any user without a quota of its own (version 0)"
+    assert text[1].startswith("  produce: 2000 B/s, level 6 (user=<default>), exempt: no")
+    assert text[2] == (
+        "    but user=alice: 300 B/s, level 2 (user=alice,client-id=<default>), exempt: no, "
+        "mode: enforced, counter: user=alice,client-id=special,broker=N "
+        "(one counter per (user, client-id))"
+    )
+
+    # A client-id quota (level 7) applies once no user level does: shared by all its users.
+    cli("quota", "set", "--client-id", "app", "producer_byte_rate=50")
+    cli("quota", "delete", "--user", "<default>")
+    app = cli("quota", "describe", "--client-id", "app", "--broker", "2", "--json").json()
+    produce = app["client"]["quotas"]["produce"]
+    assert (produce["limit"], produce["level"], produce["counter"]) == (
+        50.0,
+        7,
+        "client-id=app,broker=2",
+    )
+    assert [o["user"] for o in produce["own_quotas"]] == ["alice", "mirror"]
+    assert app["broker"]["broker"] == 2
+
+
+def test_describe_a_user_alone(refused: Cli) -> None:
+    """``--user`` alone: that user's clients of any client-id without a quota of its own."""
+    found = refused("quota", "describe", "--user", "mirror", "--json")
+    assert found.code == 0, found.err
+    produce = found.json()["client"]["quotas"]["produce"]
+    assert (produce["exempt"], produce["level"], produce["from"], produce["counter"]) == (
+        True,
+        3,
+        "user=mirror",
+        "user=mirror,broker=N",
+    )
+    own = {o["client_id"]: (o["limit"], o["level"]) for o in produce["own_quotas"]}
+    assert own == {"special": (700.0, 1)}
+    assert found.json()["client"]["quotas"]["fetch"]["own_quotas"] == []
+    text = refused("quota", "describe", "--user", "mirror").out.splitlines()
+    assert text[0] == "user=mirror, any client-id without a quota of its own (version 0)"
+    assert "    but client-id=special: 700 B/s, level 1 (user=mirror,client-id=special)" in (
+        "\n".join(text)
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         ([], "describe what"),
-        (["--user", "alice"], "give both --user and --client-id"),
         (["--broker", "<default>"], "--broker needs a broker id"),
         (["--broker", "x"], "is not a broker id"),
         (["--user", "", "--client-id", "c"], "--user must not be empty"),
@@ -797,8 +871,17 @@ def test_lookup_without_a_decision(refused: Cli) -> None:
         ),
         (
             ["--quota", "produce", "--user", "a", "--client-id", "c"],
-            "give --user, --client-id and --broker",
+            "give --broker: produce is measured per broker (quota_types.produce.scope: broker)",
         ),
+        (["--quota", "produce", "--user", "a", "--broker", "1"], "give --user, --client-id"),
+        (["--user", "a", "--client-id", "c", "--broker", "1"], "give --quota (a decision)"),
+        (["--topic", "orders"], "needs both --topic and --partition"),
+        (
+            ["--quota", "remote_copy", "--topic", "orders", "--partition", "1"],
+            "--topic and --partition read a partition's remote log size, which has no --quota",
+        ),
+        (["--topic", "no way", "--partition", "1"], "'no way' is not a legal Kafka topic name"),
+        (["--topic", "orders", "--partition", "-1"], "--partition '-1' is not a partition"),
         (["--quota", "produce", "--entity", "broker=1", "--user", "a"], "either --entity or"),
         (
             ["--quota", "produce", "--user", "a", "--client-id", "c", "--broker", "<default>"],
@@ -815,6 +898,100 @@ def test_lookup_errors(refused: Cli, argv: list[str], message: str) -> None:
     result = refused("lookup", *argv)
     assert result.code == 2
     assert message in result.err
+
+
+def test_lookup_of_a_client_under_a_cluster_wide_quota_needs_no_broker(
+    tmp_path: Path, redis_server: LocalService, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cluster-wide quota's counter names no broker, so neither does its lookup; a quota
+    measured per broker still needs the client's broker, and says so."""
+    prefix = f"cluster-{uuid.uuid4().hex[:8]}"
+    quotas = {
+        "quota_types": {"produce": {"scope": "cluster"}},
+        "clients": [{"user": "<default>", "producer_byte_rate": 2000, "consumer_byte_rate": 30}],
+    }
+    # No configuration topic: the quota file is the live configuration, Kafka is never asked.
+    engine, quotas_path = write_settings(
+        tmp_path,
+        "127.0.0.1:9",
+        (redis_server.host, redis_server.port),
+        None,
+        quotas,
+        redis={"key_prefix": prefix},
+    )
+    cli = _Cli(capsys, engine, quotas_path, "", prefix)
+    now = write_decision(redis_server, prefix, "user=alice")
+    found = cli("lookup", "--quota", "produce", "--user", "alice", "--client-id", "app", "--json")
+    assert found.code == 0, found.err
+    assert found.json()["key"] == f"{prefix}:produce:user=alice"
+    assert found.json()["decision"]["until"] == now + 60_000
+    # The broker a client is connected to does not change a cluster-wide counter.
+    with_broker = cli(
+        *("lookup", "--quota", "produce", "--user", "alice", "--client-id", "app"),
+        *("--broker", "3", "--json"),
+    )
+    assert with_broker.json()["key"] == found.json()["key"]
+
+    per_broker = cli("lookup", "--quota", "fetch", "--user", "alice", "--client-id", "app")
+    assert per_broker.code == 2
+    assert per_broker.err.strip() == (
+        "quotastream: error: give --broker: fetch is measured per broker "
+        "(quota_types.fetch.scope: broker), so the client's counter names the broker it is "
+        "connected to"
+    )
+
+
+def test_lookup_of_a_partitions_remote_log_size(refused: Cli, redis_server: LocalService) -> None:
+    """What ``QuotaClient.remote_log`` reads: the partition's KIP-852 sizes, in one GET."""
+    topic = f"orders-{uuid.uuid4().hex[:8]}"
+    remote_log = RemoteLog(
+        topic,
+        3,
+        400,
+        {0: 200, 1: 300, 2: 100},
+        [("a", 0, 100), ("b", 1, 100), ("c", 1, 100), ("d", 2, 100)],
+        RetentionView(
+            [(0, 0), (1, 100), (2, 150)],
+            400,
+            300,
+            [("a", 100, True), ("b", 100, True), ("c", 100, False), ("d", 100, True)],
+        ),
+    )
+    key = remote_log_key(refused.prefix, topic, 3)
+    redis.Redis(host=redis_server.host, port=redis_server.port).set(
+        key, remote_log_value(remote_log)
+    )
+    found = refused("lookup", "--topic", topic, "--partition", "3", "--json")
+    assert found.code == 0, found.err
+    assert found.json() == {"key": key, "remote_log": json.loads(remote_log_value(remote_log))}
+
+    text = refused("lookup", "--topic", topic, "--partition", "3").out.splitlines()
+    assert text[:4] == [f"key: {key}", f'topic: "{topic}"', "partition: 3", "total: 400"]
+    assert 'epochs: {"0": 200, "1": 300, "2": 100}' in text
+
+    # No key: the partition has no remote segments (the engine deletes the key with its last).
+    none = refused("lookup", "--topic", topic, "--partition", "4")
+    assert (none.code, none.out.splitlines()) == (
+        0,
+        [
+            f"key: {remote_log_key(refused.prefix, topic, 4)}",
+            "no remote segments: the partition's remote log size is 0",
+        ],
+    )
+    as_json = refused("lookup", "--topic", topic, "--partition", "4", "--json").json()
+    assert (as_json["remote_log"]["total"], as_json["remote_log"]["segments"]) == (0, [])
+
+
+def test_lookup_of_a_remote_log_value_that_is_not_one_fails_in_one_line(
+    refused: Cli, redis_server: LocalService
+) -> None:
+    topic = f"orders-{uuid.uuid4().hex[:8]}"
+    key = remote_log_key(refused.prefix, topic, 0)
+    redis.Redis(host=redis_server.host, port=redis_server.port).set(key, b'{"topic": 1}')
+    result = refused("lookup", "--topic", topic, "--partition", "0")
+    assert result.code == EXIT_FAILURE
+    assert result.err.startswith(f"quotastream: error: {key} does not hold a quotastream value")
+    assert len(result.err.splitlines()) == 1
 
 
 # ------------------------------------------------------------------------- servers and settings

@@ -5,7 +5,8 @@ removes, is validated against the current live configuration, and only then is a
 configuration log (``streaming.engine.config_log``), where the running engine picks it up. Reading
 commands show the live configuration at its newest version. ``docs/operations.md`` is the guide.
 
-Exit codes: 0 done; 1 Kafka or Redis unreachable; 2 bad input or configuration (nothing written).
+Exit codes (``streaming/commands/exit_codes.py``): 0 done; 1 a value in Redis that is not the
+engine's; 2 bad input or configuration (nothing written); 3 Kafka or Redis unreachable.
 """
 
 from __future__ import annotations

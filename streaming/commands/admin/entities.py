@@ -13,8 +13,8 @@ from streaming.commands.admin.errors import bad
 
 #: Kafka's limit on quota entity names.
 MAX_ENTITY_NAME: Final = 1024
-#: Broker ids are Kafka int32s.
-MAX_BROKER_ID: Final = 2**31 - 1
+#: Broker ids and partitions are Kafka int32s.
+MAX_INT32: Final = 2**31 - 1
 LEADER_REPLICAS, FOLLOWER_REPLICAS = TOPIC_KEYS
 
 
@@ -116,9 +116,24 @@ def checked_entity_name(name: str | None, option: str) -> str | None:
 def parse_broker_id(text: str, option: str) -> BrokerKey:
     if text.strip() == DEFAULT:
         return DEFAULT
-    if text.strip().isascii() and text.strip().isdigit() and int(text) <= MAX_BROKER_ID:
-        return int(text.strip())
-    raise bad(f"{option} {text!r} is not a broker id (an integer >= 0) or '{DEFAULT}'")
+    broker = _non_negative_int32(text)
+    if broker is None:
+        raise bad(f"{option} {text!r} is not a broker id (an integer >= 0) or '{DEFAULT}'")
+    return broker
+
+
+def parse_partition(text: str, option: str) -> int:
+    partition = _non_negative_int32(text)
+    if partition is None:
+        raise bad(f"{option} {text!r} is not a partition number (an integer >= 0)")
+    return partition
+
+
+def _non_negative_int32(text: str) -> int | None:
+    digits = text.strip()
+    if digits.isascii() and digits.isdigit() and int(digits) <= MAX_INT32:
+        return int(digits)
+    return None
 
 
 def check_known_brokers(

@@ -16,7 +16,7 @@ from streaming.commands.admin.enforcement import (
     switch_enforcement,
 )
 from streaming.commands.admin.entities import KAFKA_ENTITY_TYPES
-from streaming.commands.admin.lookup import lookup_decision
+from streaming.commands.admin.lookup import lookup
 from streaming.commands.admin.quota_change import delete_quota, set_quota
 from streaming.commands.admin.quota_describe import describe_quotas
 from streaming.commands.admin.quota_show import get_quota, list_quotas, quota_history
@@ -313,20 +313,29 @@ def _add_replication(commands: Commands, p: _Parents) -> None:
 
 
 def _add_lookup(commands: Commands, p: _Parents) -> None:
-    lookup = commands.add_parser(
+    lookup_parser = commands.add_parser(
         "lookup",
         parents=[p.common, p.as_json],
-        help="the decision an enforcement agent reads from Redis",
-        description="Either --user, --client-id and --broker (a produce or fetch client, "
-        "resolved to its usage counter with the live configuration), or --entity KEY.",
+        help="a decision or a remote log size, as an enforcement agent reads it from Redis",
+        description="A decision: --quota with --user, --client-id and --broker (a produce or "
+        "fetch client, resolved to its usage counter with the live configuration; --broker may "
+        "be left out for a quota whose scope is cluster), or with --entity KEY. A partition's "
+        "remote log size (KIP-852): --topic and --partition.",
         **examples(
             "quotastream lookup --quota produce --user alice --client-id app1 --broker 1",
             "quotastream lookup --quota remote_copy --entity broker=3 --output json",
+            "quotastream lookup --topic orders --partition 3",
         ),
     )
-    lookup.add_argument("--quota", required=True, help=", ".join(QuotaType))
-    lookup.add_argument("--user")
-    lookup.add_argument("--client-id")
-    lookup.add_argument("--broker")
-    lookup.add_argument("--entity", metavar="KEY", help="e.g. user=alice,broker=1 or broker=3")
-    lookup.set_defaults(admin=lookup_decision)
+    lookup_parser.add_argument("--quota", help=", ".join(QuotaType))
+    lookup_parser.add_argument("--user")
+    lookup_parser.add_argument("--client-id")
+    lookup_parser.add_argument(
+        "--broker", help="the broker the client is connected to (not for scope: cluster)"
+    )
+    lookup_parser.add_argument(
+        "--entity", metavar="KEY", help="e.g. user=alice,broker=1 or broker=3"
+    )
+    lookup_parser.add_argument("--topic", help="a tiered topic: its partition's remote log size")
+    lookup_parser.add_argument("--partition", metavar="N")
+    lookup_parser.set_defaults(admin=lookup)
