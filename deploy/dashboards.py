@@ -971,13 +971,20 @@ def brokers() -> dashboard.Dashboard:
             _series(
                 "Throttle changes",
                 "Changes the actuator made to the brokers' configs (or, dry run, would have), by "
-                "key and operation, and passes that failed.",
+                "key and operation; changes Kafka refused (an unknown topic, an invalid value: "
+                "tried again every pass, so a lasting refusal stays above 0); and passes that "
+                "failed.",
                 "none",
                 [
                     _per_second(
                         "quotastream_actuator_changes_total",
                         "key, op, dry_run",
                         "{{op}} {{key}} (dry run: {{dry_run}})",
+                    ),
+                    _per_second(
+                        "quotastream_actuator_refused_changes_total",
+                        "key, op",
+                        "refused {{op}} {{key}}",
                     ),
                     _per_second("quotastream_actuator_failures_total", "job", "failed passes/s"),
                 ],

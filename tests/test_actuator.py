@@ -23,6 +23,7 @@ from kafka import KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
 from prometheus_client import CollectorRegistry
 
+from quotastream.brokers.actuator import Actuator
 from quotastream.brokers.throttles import (
     COPY_RATE,
     FOLLOWER_RATE,
@@ -39,6 +40,7 @@ from streaming.services import LocalService
 from tests.servers import broker_metric, start_command, until
 
 ROOT = Path(__file__).parents[1]
+SHIPPED_QUOTAS = ROOT / "conf" / "quotas.yaml"
 COUNT = "kafka_server_BrokerTopicMetrics_Count"
 #: What ``quotastream brokers`` logs once its workers run.
 RUNNING = "quotastream brokers running: actuator"
@@ -126,14 +128,14 @@ def replication_bytes_in(node: KafkaNode) -> float:
     return count
 
 
-def topic_on_broker_1(address: str) -> str:
-    """A one-partition topic whose only replica is broker 1, holding ``MOVED_BYTES``."""
+def topic_on_broker_1(address: str, nbytes: int = MOVED_BYTES) -> str:
+    """A one-partition topic whose only replica is broker 1, holding ``nbytes``."""
     topic = f"moving-{uuid.uuid4().hex[:6]}"
     admin = KafkaAdminClient(bootstrap_servers=address)
     admin.create_topics([NewTopic(topic, replica_assignments={0: [1]})])
     admin.close()
     producer = KafkaProducer(bootstrap_servers=address, acks="all", linger_ms=20)
-    for _ in range(MOVED_BYTES // 10_000):
+    for _ in range(nbytes // 10_000):
         producer.send(topic, b"x" * 10_000, partition=0)
     producer.flush()
     producer.close()
@@ -264,6 +266,100 @@ def test_an_actuator_killed_mid_move_and_started_again_leaves_nothing_behind(
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
+
+
+@pytest.fixture
+def passes() -> Iterator[Any]:
+    """Actuators whose passes the test runs itself (``reconcile()``), closed afterwards."""
+    built: list[Actuator] = []
+
+    def build(settings: EngineSettings, registry: CollectorRegistry) -> Actuator:
+        built.append(build_actuator(settings, registry))
+        return built[-1]
+
+    yield build
+    for actuator in built:
+        actuator.close()
+
+
+def test_a_move_that_completes_between_two_passes_has_its_throttle_removed_at_the_next(
+    tiered_cluster: KafkaCluster, redis_server: LocalService, tmp_path: Path, passes: Any
+) -> None:
+    """A 20 kB partition moves from broker 1 to broker 2 in well under a second: here, wholly
+    between two passes, so no pass sees it running. The throttle the actuator set for it goes
+    at the next pass all the same (its follower list's replicas are all in place and nothing of
+    the topic is moving): from the live configuration, the topic and every broker."""
+    address = tiered_cluster.address
+    path, settings = settings_file(tiered_cluster, redis_server, tmp_path)
+    topic = topic_on_broker_1(address, nbytes=20_000)
+    plan_throttle(path, topic)
+    actuator = passes(settings, CollectorRegistry())
+    actuator.reconcile()
+    assert len(throttle_configs(address, topic)) == 6  # both rates on brokers 1, 2; both lists
+
+    move_to_broker_2(address, topic)
+    until(lambda: moved(address, topic), 60, "the move complete")
+    actuator.reconcile()
+    assert throttle_configs(address, topic) == {}
+    assert actuator.reconcile() == []  # the lists are gone from the configuration too
+
+
+def test_the_shipped_quota_file_on_a_cluster_without_its_topic_sets_no_replication_throttle(
+    tiered_cluster: KafkaCluster,
+    redis_server: LocalService,
+    tmp_path: Path,
+    passes: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """conf/quotas.yaml throttles replicas of a topic ``orders`` the cluster does not have:
+    Kafka refuses its lists (unknown topic). Each pass tries them again and makes its other
+    changes: the copy rates, but no replication rate (no list of the actuator's needs one). The
+    refusal is logged once per key, with Kafka's error, and counted at each pass. Once the topic
+    exists its throttle is set, and with the quotas removed everything it set goes."""
+    address = tiered_cluster.address
+    quotas = yaml.safe_load(SHIPPED_QUOTAS.read_text())
+    assert "orders" in quotas["topics"]
+    _, settings = settings_file(tiered_cluster, redis_server, tmp_path, **quotas)
+    copy_rates = {f"broker {b} {COPY_RATE}": "52428800" for b in (1, 2)} | {
+        f"broker 3 {COPY_RATE}": "20971520"
+    }
+    registry = CollectorRegistry()
+    actuator = passes(settings, registry)
+    caplog.set_level(logging.INFO, logger="quotastream.brokers.actuator")
+    actuator.reconcile()
+    actuator.reconcile()
+    assert throttle_configs(address, "orders") == copy_rates
+    refusals = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "quotastream.brokers.actuator" and r.levelno == logging.WARNING
+    ]
+    assert len(refusals) == 2, refusals  # once per list, not once per pass
+    for key in (LEADER_REPLICAS, FOLLOWER_REPLICAS):
+        assert any(f"topic orders {key}" in r and "UnknownTopicOrPartition" in r for r in refusals)
+        refused = {"key": key, "op": "set"}
+        count = registry.get_sample_value("quotastream_actuator_refused_changes_total", refused)
+        assert count == 2.0
+
+    admin = KafkaAdminClient(bootstrap_servers=address)
+    try:
+        admin.create_topics([NewTopic("orders", replica_assignments={0: [1], 1: [2]})])
+        until(lambda: "orders" in admin.list_topics(), 30, "orders created")
+        actuator.reconcile()
+        leader_rates = {f"broker {b} {LEADER_RATE}": "3145728" for b in (1, 2, 3)}
+        lists = {
+            f"topic orders {LEADER_REPLICAS}": "0:1,1:2",
+            f"topic orders {FOLLOWER_REPLICAS}": "0:3,1:3",
+        }
+        assert throttle_configs(address, "orders") == copy_rates | leader_rates | lists
+
+        (tmp_path / "none.yaml").write_text("{}")
+        removed = settings.model_copy(update={"quotas": str(tmp_path / "none.yaml")})
+        passes(removed, CollectorRegistry()).reconcile()
+        assert throttle_configs(address, "orders") == {}
+    finally:
+        admin.delete_topics(["orders"])
+        admin.close()
 
 
 def leader_metric(cluster: KafkaCluster, topic: str, name: str) -> float:
