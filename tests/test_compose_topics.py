@@ -145,3 +145,32 @@ def test_the_broker_and_the_brokers_agent_use_the_jars_the_init_step_fetches(
         for t in c["targets"]
     }
     assert {f"brokers:{settings.brokers.metrics.port}", "kafka:9404"} <= targets
+
+
+#: A JMX exporter agent's argument: ``=[HOST:]PORT:CONFIG``.
+_EXPORTER_ARGUMENT = re.compile(r"-javaagent:\S*jmx_prometheus_javaagent-[\d.]+\.jar=([^\s\"]+)")
+
+
+def exporter_binds(text: str) -> list[str]:
+    """Where each JMX exporter agent in ``text`` listens: ``HOST:PORT``, or ``*:PORT`` for a
+    bare port (every interface)."""
+    binds = []
+    for argument in _EXPORTER_ARGUMENT.findall(text):
+        address = argument.split(":")[:-1]  # the configuration file last
+        binds.append(":".join(address) if len(address) == 2 else f"*:{address[0]}")
+    return binds
+
+
+def test_the_jmx_exporter_examples_bind_the_one_address_their_scrapers_reach() -> None:
+    """The exporter answers anyone, unauthenticated, with the broker's topics, log sizes and
+    traffic (docs/deployment.md says why): every example for a real broker binds one address,
+    the same in both guides. Only the compose broker binds every interface of its container, and
+    no port publishes its exporter beyond the compose network."""
+    examples = {
+        page: exporter_binds((ROOT / "docs" / page).read_text())
+        for page in ("deployment.md", "brokers.md")
+    }
+    assert examples == {"deployment.md": ["BROKER_HOST:9404"], "brokers.md": ["BROKER_HOST:9404"]}
+    kafka = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["kafka"]
+    assert exporter_binds(kafka["environment"]["KAFKA_OPTS"]) == ["*:9404"]
+    assert not [port for port in kafka.get("ports", []) if str(port).endswith(":9404")]
