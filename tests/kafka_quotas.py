@@ -270,6 +270,25 @@ def record_batch(value_bytes: int) -> bytes:
     return batch
 
 
+def produce_request(topic: str, value_bytes: int) -> Any:
+    """A Produce (``acks=1``, up to v9) of one record of ``value_bytes`` to partition 0."""
+    data = ProduceRequest.TopicProduceData
+    return ProduceRequest(
+        transactional_id=None,
+        acks=1,
+        timeout_ms=_REQUEST_TIMEOUT_MS,
+        topic_data=[
+            data(
+                name=topic,
+                partition_data=[
+                    data.PartitionProduceData(index=0, records=record_batch(value_bytes))
+                ],
+            )
+        ],
+        max_version=9,
+    )
+
+
 def fetch_request(topic: str, offset: int, partition_max_bytes: int, max_bytes: int) -> Any:
     """A Fetch v12 of partition 0 from ``offset`` without a fetch session (each fetch names its
     partition in full), not waiting for data."""
@@ -344,21 +363,7 @@ class QuotaClient:
             self._client.poll(timeout_ms=left)
 
     def produce(self, topic: str, value_bytes: int) -> Exchange:
-        data = ProduceRequest.TopicProduceData
-        request = ProduceRequest(
-            transactional_id=None,
-            acks=1,
-            timeout_ms=_REQUEST_TIMEOUT_MS,
-            topic_data=[
-                data(
-                    name=topic,
-                    partition_data=[
-                        data.PartitionProduceData(index=0, records=record_batch(value_bytes))
-                    ],
-                )
-            ],
-            max_version=9,
-        )
+        request = produce_request(topic, value_bytes)
         sent, response, received = self._exchange(request)
         [topic_response] = response.responses
         [partition] = topic_response.partition_responses

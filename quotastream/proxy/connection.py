@@ -239,7 +239,12 @@ class Connection:
         elif api == wire.SASL_AUTHENTICATE:
             self.identity.authenticate(bytes(wire.decode_request(header, payload).auth_bytes))
         elif api == wire.PRODUCE:
-            self._record(PRODUCE, client_id, len(payload))
+            # Recorded, then checked: the request that breaks the quota goes on, and holds the
+            # connection from here, as a broker holds one (the next ones wait out the hold).
+            over_ms = self._record(PRODUCE, client_id, len(payload))
+            if over_ms > 0:
+                self._throttled = True
+                self._mute(over_ms)
             expects_response = wire.produce_acks(header, payload) != 0
         elif api == wire.FETCH:
             frame = self._capped_fetch(frame, header, client_id)
@@ -273,20 +278,22 @@ class Connection:
         wire.write_int32(capped, 4 + offset, max(largest, 1))
         return memoryview(capped)
 
-    def _record(self, kind: str, client_id: str, nbytes: int) -> None:
-        """Counts bytes as the broker does: published as usage, and held for (``Holds``)."""
-        if self.node_id is not None:
-            now_ms = int(time.time() * 1000)
-            self._context.usage.record(
-                kind=kind,
-                user=self.identity.user,
-                client_id=client_id,
-                broker=self.node_id,
-                nbytes=nbytes,
-                now_ms=now_ms,
-            )
-            key = (kind, self.identity.user, client_id, self.node_id)
-            self._context.holds.forwarded.record(key, nbytes, now_ms)
+    def _record(self, kind: str, client_id: str, nbytes: int) -> int:
+        """Counts bytes as the broker does: published as usage, and held for (``Holds``); how
+        long the client is held from now for them (0: within its quota)."""
+        if self.node_id is None:
+            return 0
+        now_ms = int(time.time() * 1000)
+        self._context.usage.record(
+            kind=kind,
+            user=self.identity.user,
+            client_id=client_id,
+            broker=self.node_id,
+            nbytes=nbytes,
+            now_ms=now_ms,
+        )
+        key = (kind, self.identity.user, client_id, self.node_id)
+        return self._context.holds.record_forwarded(key, nbytes, now_ms)
 
     # --- responses ---------------------------------------------------------------------------
 

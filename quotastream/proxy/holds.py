@@ -170,6 +170,9 @@ class Holds:
         #: Each decided client's decision and the keys of its counter, as of the last refresh.
         self._decided: dict[ClientKey, tuple[Decision, tuple[ClientKey, ...]]] = {}
         self._largest_fetch: dict[ClientKey, int | None] = {}
+        #: Per decided entity: the bytes its window had room for when last measured, less those
+        #: forwarded since (:meth:`record_forwarded`).
+        self._headroom: dict[tuple[str, str], float] = {}
         self._seen: dict[ClientKey, float] = {}
         self._wake = threading.Event()
         self._stopped = threading.Event()
@@ -230,10 +233,16 @@ class Holds:
         sample leaving the window takes its bytes with it, as a broker measures each request when
         it arrives. A decision that does not bind holds nobody; without a limit to divide by
         (unlimited, or a limit of 0, which no byte fits) it holds until ``until``."""
-        if not decision.enforced:
-            return now_ms
-        if decision.limit is None or decision.limit <= 0:
-            return decision.until
+        return _end(decision, self._over_ms(decision, keys, now_ms, extra_bytes), now_ms)
+
+    def _over_ms(
+        self, decision: Decision, keys: Iterable[ClientKey], now_ms: int, extra_bytes: int = 0
+    ) -> float | None:
+        """How far (ms) the entity's window measured at ``now_ms`` is over ``decision``'s limit
+        (negative: how far under it); None where bytes do not decide a hold (the decision does
+        not bind, or has no limit to divide by)."""
+        if not decision.enforced or decision.limit is None or decision.limit <= 0:
+            return None
         keys = tuple(keys)
         spec = self._decisions.client.window_of(decision.quota)
         decided_at = decision.decided_at
@@ -248,10 +257,48 @@ class Holds:
             spec.window_ms,
         )
         window = window_at(samples, max(now_ms, decided_at), spec)
-        window_bytes = window.nbytes + extra_bytes
-        over_ms = window_bytes / decision.limit * 1000 - window.size_ms
-        # Rounded first: bytes spread over samples sum to a hair more than they were.
-        return max(now_ms, decided_at) + max(math.ceil(round(over_ms, 6)), 0)
+        return (window.nbytes + extra_bytes) / decision.limit * 1000 - window.size_ms
+
+    def record_forwarded(self, key: ClientKey, nbytes: int, now_ms: int) -> int:
+        """Counts ``nbytes`` forwarded for the client at ``now_ms`` and checks its quota as a
+        broker checks each request it records (record first, then check): how long the client
+        is held from now for them (0: still within its quota). The hold is the client's on every
+        connection at once (:meth:`remaining_ms`).
+
+        A broker measures every request; measuring the window on every request here would cost
+        a walk of the bytes forwarded since the decision each time. The last measure's headroom
+        (the bytes the window had room for) is spent instead, and the window is measured again
+        only once it is spent: so a client far under its quota costs a subtraction a request, and
+        one at its quota a measure per request, as many as its quota lets through. Without this
+        a client with a backlog (Kafka's Java producer buffers 32 MB) sends at wire speed until
+        the next refresh, and is then held for seconds: held long and let through in bursts, where
+        a broker holds it short and often."""
+        self.forwarded.record(key, nbytes, now_ms)
+        decided = self._decided.get(key)
+        if decided is None:
+            return 0
+        decision, keys = decided
+        headroom = self._headroom.get(decision.key, math.inf) - nbytes
+        self._headroom[decision.key] = headroom
+        if headroom >= 0:
+            return 0
+        return self._measure(decision, keys, now_ms)
+
+    def _measure(self, decision: Decision, keys: tuple[ClientKey, ...], now_ms: int) -> int:
+        """Measures the entity's window at ``now_ms``: holds each of its ``keys`` (never
+        shortening a hold) and keeps the headroom left; the hold in ms from now."""
+        over_ms = self._over_ms(decision, keys, now_ms)
+        self._headroom[decision.key] = _headroom(decision, over_ms)
+        if over_ms is None:  # held by the decision's until alone, as the last refresh left it
+            return 0
+        held_ms = _end(decision, over_ms, now_ms) - now_ms
+        if held_ms <= 0:
+            return 0
+        until = self._clock() + held_ms / 1000
+        for key in keys:
+            if self._until.get(key, 0.0) < until:
+                self._until[key] = until
+        return held_ms
 
     def largest_fetch(self, key: ClientKey) -> int | None:
         """The most a fetch of the client may return (its fetch quota's window, as a broker caps
@@ -298,18 +345,24 @@ class Holds:
     def _hold_for_forwarded(self, decided: dict[ClientKey, Decision]) -> None:
         """Holds each decided client until its decision's end measured now (:meth:`held_until`),
         with the bytes forwarded for its entity on any broker (a cluster-wide quota's entity is
-        one)."""
+        one), and keeps each entity's headroom (:meth:`record_forwarded`)."""
         keys_of: dict[tuple[str, str], list[ClientKey]] = defaultdict(list)
         for key, decision in decided.items():
             keys_of[decision.key].append(key)
         self._decided = {key: (d, tuple(keys_of[d.key])) for key, d in decided.items()}
         wall_ms, now = self._wall_clock_ms(), self._clock()
-        for key, decision in decided.items():
-            until_ms = self.held_until(decision, keys_of[decision.key], wall_ms)
-            if until_ms > wall_ms:
-                self._until[key] = now + (until_ms - wall_ms) / 1000
-            else:
-                self._until.pop(key, None)
+        headroom: dict[tuple[str, str], float] = {}
+        for entity, keys in keys_of.items():
+            decision = decided[keys[0]]
+            over_ms = self._over_ms(decision, keys, wall_ms)
+            until_ms = _end(decision, over_ms, wall_ms)
+            for key in keys:
+                if until_ms > wall_ms:
+                    self._until[key] = now + (until_ms - wall_ms) / 1000
+                else:
+                    self._until.pop(key, None)
+            headroom[entity] = _headroom(decision, over_ms)
+        self._headroom = headroom
         for key, decision in decided.items():
             spec = self._decisions.client.window_of(key[0])
             # Kept as long as the decision's own window may count them (its overlapping sample),
@@ -326,3 +379,20 @@ class Holds:
             except Exception:  # a refused command, a bug: log it, keep the last answers
                 log.exception("refreshing the decisions failed; holds stay as they were")
             self._wake.wait(self._refresh_s)
+
+
+def _end(decision: Decision, over_ms: float | None, now_ms: int) -> int:
+    """When (wall ms) a hold by ``decision`` ends, its window ``over_ms`` over its limit at
+    ``now_ms`` (:meth:`Holds._over_ms`)."""
+    if over_ms is None:
+        return now_ms if not decision.enforced else decision.until
+    # Rounded first: bytes spread over samples sum to a hair more than they were.
+    return max(now_ms, decision.decided_at) + max(math.ceil(round(over_ms, 6)), 0)
+
+
+def _headroom(decision: Decision, over_ms: float | None) -> float:
+    """The bytes a window ``over_ms`` over ``decision``'s limit has room for (none while over;
+    unbounded where bytes decide no hold)."""
+    if over_ms is None or decision.limit is None:
+        return math.inf
+    return max(-over_ms, 0.0) * decision.limit / 1000
