@@ -4,7 +4,7 @@ A 3-node Apache Kafka cluster, one Redis, the engine (local Spark, its default t
 proxy in front of the cluster, publishing usage to the engine's events topic on the cluster.
 Quotas per client-id (``client_id: <default>``), produce and fetch with ``scope: cluster``: one
 limit for a client over all brokers. Each client library in turn (kafka-python, aiokafka,
-confluent-kafka):
+confluent-kafka, Kafka's Java clients; ``--libraries`` picks some):
 
 * a producer offers 3x its quota for ``DURATION_S`` to a topic whose three partitions are led
   by the three brokers (so the quota it is held to is cluster-wide);
@@ -32,11 +32,13 @@ decision. ``vs_kafka``: achieved through the proxy over achieved under Kafka's q
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,24 +142,33 @@ def _batch_ms(progress: Any) -> float:
     return float(durations.get("triggerExecution", 0))
 
 
-def figures(prefix: str, through_proxy: Acks, under_kafka: Acks) -> dict[str, Any]:
+def figures(
+    prefix: str, through_proxy: Acks, under_kafka: Acks, duration_s: float
+) -> dict[str, Any]:
     """One client's figures: through the proxy held by the engine, and under Kafka's quota."""
     first_window_s = WINDOW_MS / 1000
-    rate = achieved(through_proxy, DURATION_S, first_window_s)
-    kafka_rate = achieved(under_kafka, DURATION_S, first_window_s)
+    rate = achieved(through_proxy, duration_s, first_window_s)
+    kafka_rate = achieved(under_kafka, duration_s, first_window_s)
     return {
         f"{prefix}.quota_bytes_per_s": QUOTA_BYTES_PER_S,
         f"{prefix}.achieved_bytes_per_s": round(rate),
         f"{prefix}.ratio": round(rate / QUOTA_BYTES_PER_S, 3),
-        f"{prefix}.whole_run_bytes_per_s": round(achieved(through_proxy, DURATION_S)),
+        f"{prefix}.whole_run_bytes_per_s": round(achieved(through_proxy, duration_s)),
         f"{prefix}.kafka_achieved_bytes_per_s": round(kafka_rate),
         f"{prefix}.kafka_ratio": round(kafka_rate / QUOTA_BYTES_PER_S, 3),
-        f"{prefix}.kafka_whole_run_bytes_per_s": round(achieved(under_kafka, DURATION_S)),
+        f"{prefix}.kafka_whole_run_bytes_per_s": round(achieved(under_kafka, duration_s)),
         f"{prefix}.vs_kafka": round(rate / kafka_rate, 3) if kafka_rate else None,
     }
 
 
-def closed_loop() -> dict[str, Any]:
+def closed_loop(
+    libraries: Sequence[str] = tuple(LIBRARIES), duration_s: float = DURATION_S
+) -> dict[str, Any]:
+    """The closed loop for ``libraries`` (every client library by default), each offering its
+    load for ``duration_s``."""
+    unknown = sorted(set(libraries) - set(LIBRARIES))
+    if unknown:
+        raise ValueError(f"no client library {unknown}: choose from {sorted(LIBRARIES)}")
     result: dict[str, Any] = {}
     with (
         start_kafka_cluster(3) as cluster,
@@ -187,16 +198,16 @@ def closed_loop() -> dict[str, Any]:
                 },
             }
         )
-        topics = [EVENTS, FILLED, *(f"offered-{name}" for name in LIBRARIES)]
+        topics = [EVENTS, FILLED, *(f"offered-{name}" for name in libraries)]
         admin = KafkaAdminClient(bootstrap_servers=cluster.address)
         admin.create_topics([NewTopic(topic, 3, 1) for topic in topics])
         admin.close()
         wait_until_in_sync(cluster.address, topics)
         # More than a consumer offered 3x its quota reads in the run (each reads it all anew).
-        fill(cluster.address, FILLED, int(4 * QUOTA_BYTES_PER_S * DURATION_S))
+        fill(cluster.address, FILLED, int(4 * QUOTA_BYTES_PER_S * duration_s))
         set_kafka_quotas(
             cluster.address,
-            [f"{name}-kafka-{role}" for name in LIBRARIES for role in ("producer", "consumer")],
+            [f"{name}-kafka-{role}" for name in libraries for role in ("producer", "consumer")],
             QUOTA_BYTES_PER_S // 3,  # Kafka takes whole bytes per second
         )
         config = load_quota_config(quotas)
@@ -207,8 +218,9 @@ def closed_loop() -> dict[str, Any]:
             with RunningProxy(settings, config) as proxy:
                 proxied = Access(proxy.bootstrap_servers)
                 direct = Access(cluster.address)
-                offer = Offer(bytes_per_s=3 * QUOTA_BYTES_PER_S, duration_s=DURATION_S)
-                for name, library in LIBRARIES.items():
+                offer = Offer(bytes_per_s=3 * QUOTA_BYTES_PER_S, duration_s=duration_s)
+                for name in libraries:
+                    library = LIBRARIES[name]
                     topic = f"offered-{name}"
                     runs = {
                         # The issue's keys name the producer's figures; the consumer's add
@@ -223,7 +235,7 @@ def closed_loop() -> dict[str, Any]:
                         ),
                     }
                     for prefix, (through_proxy, under_kafka) in runs.items():
-                        result.update(figures(prefix, through_proxy, under_kafka))
+                        result.update(figures(prefix, through_proxy, under_kafka, duration_s))
                     print({k: v for k, v in result.items() if k.startswith(f"closed_loop.{name}")})
             batches = [_batch_ms(progress) for progress in query.recentProgress]
         finally:
@@ -233,7 +245,7 @@ def closed_loop() -> dict[str, Any]:
     trigger_ms = settings.spark.trigger_ms
     result["closed_loop.brokers"] = 3
     result["closed_loop.offered_x_quota"] = 3
-    result["closed_loop.duration_s"] = DURATION_S
+    result["closed_loop.duration_s"] = duration_s
     result["closed_loop.engine_batch_ms"] = round(batch_ms)
     # Bytes reach a decision the proxy holds by: a flush, up to a trigger, a batch, a refresh.
     result["closed_loop.decision_latency_ms"] = round(
@@ -246,4 +258,10 @@ def closed_loop() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(closed_loop())
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--libraries", nargs="+", default=list(LIBRARIES), help="client libraries (default: all)"
+    )
+    parser.add_argument("--duration-s", type=float, default=DURATION_S)
+    args = parser.parse_args()
+    print(json.dumps(closed_loop(args.libraries, args.duration_s), indent=1))

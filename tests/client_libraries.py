@@ -1,26 +1,33 @@
-"""Real Kafka client libraries no one here wrote, driven the same way: kafka-python, aiokafka and
-confluent-kafka (librdkafka). Used by the proxy's tests and ``bench/proxy.py``.
+"""Real Kafka client libraries no one here wrote, driven the same way: kafka-python, aiokafka,
+confluent-kafka (librdkafka) and Kafka's own Java clients (kafka-clients, the release the tests
+run, through ``tests/java/JavaClients.java``). Used by the proxy's tests and ``bench/proxy.py``.
 
 Each library produces a list of values (each its own key, so that they spread over the
 partitions deterministically; waiting for every acknowledgement) and consumes a
 number of values in a consumer group, through whatever bootstrap address it is given, with
 SASL/SCRAM-SHA-512 and TLS when :class:`Access` says so. They differ in what matters to a
 proxy: kafka-python holds back on ``throttle_time_ms`` and keeps up to five requests in flight
-per connection; aiokafka and librdkafka ignore ``throttle_time_ms`` and keep sending.
+per connection; aiokafka and librdkafka ignore ``throttle_time_ms`` and keep sending; the Java
+producer holds back on it too (KIP-219: it sends a throttled broker nothing until the throttle
+ends), keeps up to five requests in flight per broker and buffers up to 32 MB of records meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final, Protocol
 
 import aiokafka
 import confluent_kafka
 import kafka
 from aiokafka.helpers import create_ssl_context
+
+from streaming.kafka_broker import java, kafka_libs
 
 #: How long a consumer may take to read what it was asked for before the test fails.
 CONSUME_TIMEOUT_S: Final = 60.0
@@ -83,6 +90,29 @@ class Access:
             )
         return options
 
+    def java(self) -> dict[str, str]:
+        """Kafka's Java client properties."""
+        options = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "security.protocol": _protocol(self),
+        }
+        if self.scram is not None:
+            user, password = self.scram
+            options["sasl.mechanism"] = "SCRAM-SHA-512"
+            options["sasl.jaas.config"] = (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required "
+                f'username="{user}" password="{password}";'
+            )
+        if self.ca_file is not None:
+            options.update(
+                {
+                    "ssl.truststore.type": "PEM",
+                    "ssl.truststore.location": self.ca_file,
+                    "ssl.endpoint.identification.algorithm": "",
+                }
+            )
+        return options
+
 
 def _protocol(access: Access) -> str:
     transport = "SSL" if access.ca_file is not None else "PLAINTEXT"
@@ -132,6 +162,9 @@ Acks = list[tuple[float, int]]
 
 class ClientLibrary(Protocol):
     name: str
+    #: Whether a call runs in this process, so that its time is its requests' (Java's calls
+    #: start a JVM and compile the program first: seconds, more on a loaded machine).
+    in_process: bool
 
     def produce(self, access: Access, topic: str, values: list[bytes], client_id: str) -> None: ...
 
@@ -152,6 +185,7 @@ class ClientLibrary(Protocol):
 
 class KafkaPython:
     name = "kafka-python"
+    in_process = True
 
     def produce(self, access: Access, topic: str, values: list[bytes], client_id: str) -> None:
         producer = kafka.KafkaProducer(client_id=client_id, acks="all", **access.kafka_python())
@@ -225,6 +259,7 @@ class KafkaPython:
 
 class AioKafka:
     name = "aiokafka"
+    in_process = True
 
     def produce(self, access: Access, topic: str, values: list[bytes], client_id: str) -> None:
         async def run() -> None:
@@ -320,6 +355,7 @@ class AioKafka:
 
 class ConfluentKafka:
     name = "confluent-kafka"
+    in_process = True
 
     def produce(self, access: Access, topic: str, values: list[bytes], client_id: str) -> None:
         producer = confluent_kafka.Producer(
@@ -415,6 +451,83 @@ class ConfluentKafka:
         return values
 
 
+class JavaClients:
+    """Kafka's own ``KafkaProducer`` and ``KafkaConsumer`` with their defaults, one JVM per call
+    (``tests/java/JavaClients.java``, a single-file program on the brokers' jars)."""
+
+    name = "java"
+    in_process = False
+    PROGRAM: Final = Path(__file__).with_name("java") / "JavaClients.java"
+    LOGGING: Final = Path(__file__).with_name("java") / "client_log4j2.properties"
+    #: A run's own limit past its offer: the JVM's start and compiling the program.
+    STARTUP_S: Final = 60.0
+
+    def _run(
+        self,
+        mode: str,
+        access: Access,
+        client_id: str,
+        harness: dict[str, object],
+        timeout_s: float,
+        stdin: str = "",
+    ) -> str:
+        properties = {**access.java(), "client.id": client_id}
+        properties.update({f"offer.{key}": str(value) for key, value in harness.items()})
+        command = [
+            java(),
+            f"-Dlog4j2.configurationFile={self.LOGGING}",
+            "-cp",
+            f"{kafka_libs()}/*",
+            str(self.PROGRAM),
+            mode,
+            *(f"{key}={value}" for key, value in properties.items()),
+        ]
+        done = subprocess.run(
+            command,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s + self.STARTUP_S,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"Kafka's Java client ({mode}) failed: {done.stderr[-3000:]}")
+        return done.stdout
+
+    @staticmethod
+    def _timed(output: str) -> Acks:
+        return [
+            (float(at), int(size)) for at, size in (line.split() for line in output.splitlines())
+        ]
+
+    def produce(self, access: Access, topic: str, values: list[bytes], client_id: str) -> None:
+        lines = "".join(f"{value.hex()}\n" for value in values)
+        self._run("produce", access, client_id, {"topic": topic}, CONSUME_TIMEOUT_S, lines)
+
+    def offer(self, access: Access, topic: str, client_id: str, offer: Offer) -> Acks:
+        """As the other libraries' offers, with the producer's own buffer (32 MB) as its backlog
+        bound, as Kafka's ``ProducerPerformance`` offers load: what it sends when a hold ends."""
+        harness = {
+            "topic": topic,
+            "bytes_per_s": offer.bytes_per_s,
+            "duration_s": offer.duration_s,
+            "record_bytes": offer.record_bytes,
+        }
+        timeout_s = offer.duration_s + CONSUME_TIMEOUT_S
+        return self._timed(self._run("offer", access, client_id, harness, timeout_s))
+
+    def read_for(self, access: Access, topic: str, client_id: str, offer: Offer) -> Acks:
+        harness = {"topic": topic, "bytes_per_s": offer.bytes_per_s, "duration_s": offer.duration_s}
+        return self._timed(self._run("read", access, client_id, harness, offer.duration_s))
+
+    def consume(
+        self, access: Access, topic: str, group: str, client_id: str, count: int
+    ) -> list[bytes]:
+        harness = {"topic": topic, "group": group, "count": count}
+        output = self._run("consume", access, client_id, harness, CONSUME_TIMEOUT_S)
+        return [bytes.fromhex(line) for line in output.splitlines()]
+
+
 def _pace(due: float) -> None:
     """Waits until ``due``: the offered rate's schedule, not a wait for something to happen."""
     time.sleep(max(due - time.monotonic(), 0))
@@ -436,5 +549,6 @@ def _produce_waiting_for_room(
 
 
 LIBRARIES: Final[dict[str, ClientLibrary]] = {
-    library.name: library for library in (KafkaPython(), AioKafka(), ConfluentKafka())
+    library.name: library
+    for library in (KafkaPython(), AioKafka(), ConfluentKafka(), JavaClients())
 }
