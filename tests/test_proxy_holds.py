@@ -136,12 +136,12 @@ def test_a_client_is_held_for_the_bytes_forwarded_on_any_broker_since_its_decisi
     scene.decide(on_broker_1, 1_500_000, NOW_MS)
     for key in (on_broker_1, on_broker_2):
         assert holds.remaining_ms(key) == 0  # seen: refreshed from now on
-    holds.forwarded.record(on_broker_1, 500_000, NOW_MS - 5)  # counted by the decision
-    holds.forwarded.record(on_broker_1, 1_000_000, NOW_MS + 10)
+    holds.forwarded.record(on_broker_1, 500_000, NOW_MS - 5, SAMPLE_MS)  # counted by the decision
+    holds.forwarded.record(on_broker_1, 1_000_000, NOW_MS + 10, SAMPLE_MS)
     scene.refresh_at(NOW_MS + 100)
     assert holds.remaining_ms(on_broker_1) == holds.remaining_ms(on_broker_2) == 0  # headroom
     # 1.8 MB unseen over both brokers: 3.3 MB in the window, 10% over, held 1 s from decided_at.
-    holds.forwarded.record(on_broker_2, 800_000, NOW_MS + 120)
+    holds.forwarded.record(on_broker_2, 800_000, NOW_MS + 120, SAMPLE_MS)
     scene.refresh_at(NOW_MS + 200)
     assert holds.remaining_ms(on_broker_1) in range(800, 802)
     assert holds.remaining_ms(on_broker_2) in range(800, 802)
@@ -158,9 +158,11 @@ def test_a_client_not_decided_yet_is_measured_from_nothing(scene: Scene) -> None
     holds = scene.holds
     key: ClientKey = ("fetch", "ANONYMOUS", "undecided", 1)
     assert holds.remaining_ms(key) == 0
-    holds.forwarded.record(key, 1_100_000, NOW_MS)
-    holds.forwarded.record(key, 1_000_000, NOW_MS + 1)
-    holds.forwarded.record(key, 1_200_000, NOW_MS + 1)  # the same millisecond: one bucket
+    holds.forwarded.record(key, 1_100_000, NOW_MS, SAMPLE_MS)
+    holds.forwarded.record(key, 1_000_000, NOW_MS + 1, SAMPLE_MS)
+    holds.forwarded.record(
+        key, 1_200_000, NOW_MS + 1, SAMPLE_MS
+    )  # the same millisecond: one bucket
     # 3.3 MB over 10.1 s (Kafka's padding of a fresh window): held 0.9 s.
     scene.refresh_at(NOW_MS + 100)
     assert holds.remaining_ms(key) in range(900, 902)
@@ -183,7 +185,7 @@ def test_a_burst_leaving_the_window_releases_the_client_before_a_decision_says_s
     holds = scene.holds
     key: ClientKey = ("fetch", "ANONYMOUS", "greedy", 1)
     burst_at = NOW_MS + 200
-    holds.forwarded.record(key, 3_300_000, burst_at)  # 11 s of quota
+    holds.forwarded.record(key, 3_300_000, burst_at, SAMPLE_MS)  # 11 s of quota
     scene.decide(key, 3_300_000, burst_at)  # throttled 0.8 s (3.3 MB over 10.2 s)
     holds.remaining_ms(key)
     scene.refresh_at(burst_at + 100)
@@ -202,7 +204,7 @@ def test_bytes_a_decision_counted_are_kept_while_its_window_counts_them(scene: S
     refresh has left: this proxy's bytes in it are the decision's, not another proxy's."""
     holds = scene.holds
     key: ClientKey = ("fetch", "ANONYMOUS", "late", 1)
-    holds.forwarded.record(key, 3_300_000, NOW_MS)
+    holds.forwarded.record(key, 3_300_000, NOW_MS, SAMPLE_MS)
     scene.decide(key, 3_300_000, NOW_MS + 10_500)  # the oldest sample of its window
     holds.remaining_ms(key)
     scene.refresh_at(NOW_MS + 10_600)
@@ -219,7 +221,7 @@ def test_bytes_other_proxies_forwarded_leave_the_window_as_a_steady_streams_woul
     known, so they are placed evenly over it, and leave it as it slides."""
     holds = scene.holds
     key: ClientKey = ("fetch", "ANONYMOUS", "spread", 1)
-    holds.forwarded.record(key, 1_000_000, NOW_MS)
+    holds.forwarded.record(key, 1_000_000, NOW_MS, SAMPLE_MS)
     # The engine counted 3.3 MB over 10 s at NOW_MS: this proxy's 1 MB and 2.3 MB through others.
     scene.decide(key, 3_300_000, NOW_MS)
     holds.remaining_ms(key)
@@ -249,7 +251,7 @@ def test_a_fetch_response_that_would_break_the_quota_is_known_before_it_is_sent(
     assert holds.over_quota_with(key, 400_000) == 0
     # 100 kB over: a third of a second from decided_at, 100 ms of which have passed.
     assert holds.over_quota_with(key, 600_000) in range(233, 235)
-    holds.forwarded.record(key, 400_000, NOW_MS + 150)
+    holds.forwarded.record(key, 400_000, NOW_MS + 150, SAMPLE_MS)
     assert holds.over_quota_with(key, 200_000) in range(233, 235)
 
 
@@ -297,7 +299,7 @@ def test_measured_when_decided_a_hold_ends_when_the_engines_decision_does(
     decided_at = NOW_MS + decided_in_sample
     oldest_whole = (decided_at // SAMPLE_MS - 10) * SAMPLE_MS
     for back_ms, nbytes in sorted(sent, reverse=True):
-        holds.forwarded.record(key, nbytes, max(decided_at - back_ms, oldest_whole))
+        holds.forwarded.record(key, nbytes, max(decided_at - back_ms, oldest_whole), SAMPLE_MS)
     decision = engine_decision(key, sum(n for _, n in sent), decided_at)
     until = holds.held_until(decision, [key], decided_at)
     assert abs(until - decision.until) <= 1
@@ -333,7 +335,7 @@ def test_bytes_forwarded_since_extend_a_throttle_its_timer_already_released(
     released = msgspec.structs.replace(
         decision, released_at=decision.until + released_after_until_ms
     )
-    scene.holds.forwarded.record(key, 3_150_000, NOW_MS)
+    scene.holds.forwarded.record(key, 3_150_000, NOW_MS, SAMPLE_MS)
     extended = scene.holds.held_until(released, [key], NOW_MS + 600, 600_000)
     assert extended == scene.holds.held_until(decision, [key], NOW_MS + 600, 600_000)
     assert extended == decision.until + 2_000

@@ -80,8 +80,12 @@ class Forwarded:
         self._sent: dict[ClientKey, deque[list[int]]] = {}
         #: Per client: the sample width and ``{sample: [bytes, last ms]}`` folded so far.
         self._folded: dict[ClientKey, tuple[int, dict[int, list[int]]]] = {}
+        #: Per client: the sample width and ``{sample: [bytes, last ms]}`` of every byte recorded
+        #: (folded or not) while a window may count it. Only :meth:`record` adds to it, so that
+        #: measuring the window now costs a dozen samples, not a walk of the buckets.
+        self._totals: dict[ClientKey, tuple[int, dict[int, list[int]]]] = {}
 
-    def record(self, key: ClientKey, nbytes: int, now_ms: int) -> None:
+    def record(self, key: ClientKey, nbytes: int, now_ms: int, window_ms: int) -> None:
         sent = self._sent.get(key)
         if sent is None:
             sent = self._sent[key] = deque()
@@ -89,15 +93,26 @@ class Forwarded:
             sent[-1][1] += nbytes
         else:
             sent.append([now_ms, nbytes])
+        width, totals = self._totals.get(key, (0, {}))
+        if width != window_ms:  # new, or the live configuration changed the quota's samples
+            totals = {}
+            self._totals[key] = (window_ms, totals)
+        total = totals.get(now_ms // window_ms)
+        if total is None:
+            totals[now_ms // window_ms] = [nbytes, now_ms]
+        else:
+            total[0] += nbytes
+            total[1] = max(total[1], now_ms)
 
     def samples(
         self, keys: Iterable[ClientKey], window_ms: int, split_ms: int
     ) -> tuple[dict[int, tuple[int, int]], dict[int, tuple[int, int]]]:
         """The bytes forwarded for ``keys`` as a window's aligned samples, ``{sample: (bytes,
         last forwarded ms)}``: those up to ``split_ms`` (it must not be before what was folded),
-        and all of them. One pass: a fetch check asks for both."""
+        and all of them. The first walks the buckets up to ``split_ms`` only: once a refresh has
+        folded a decision's, none."""
         until: dict[int, tuple[int, int]] = {}
-        later: list[tuple[int, int]] = []
+        everything: dict[int, tuple[int, int]] = {}
 
         def add(samples: dict[int, tuple[int, int]], sample: int, nbytes: int, last: int) -> None:
             total, latest = samples.get(sample, (0, last))
@@ -110,12 +125,12 @@ class Forwarded:
                     add(until, sample, nbytes, last)
             for at, nbytes in tuple(self._sent.get(key, ())):
                 if at > split_ms:
-                    later.append((at, nbytes))
-                else:
-                    add(until, at // window_ms, nbytes, at)
-        everything = dict(until)
-        for at, nbytes in later:
-            add(everything, at // window_ms, nbytes, at)
+                    break  # recorded in time order
+                add(until, at // window_ms, nbytes, at)
+            width, totals = self._totals.get(key, (window_ms, {}))
+            if width == window_ms:
+                for sample, (nbytes, last) in dict(totals).items():
+                    add(everything, sample, nbytes, last)
         return until, everything
 
     def fold(self, key: ClientKey, until_ms: int, window_ms: int, oldest_sample: int) -> None:
@@ -136,6 +151,14 @@ class Forwarded:
             del folded[sample]
         while sent and sent[0][0] // window_ms < oldest_sample:
             sent.popleft()
+        self._forget_samples_before(key, oldest_sample)
+
+    def _forget_samples_before(self, key: ClientKey, oldest_sample: int) -> None:
+        """Drops the totals' samples before ``oldest_sample``: old ones, which :meth:`record`
+        (the current sample's only writer) no longer touches."""
+        _, totals = self._totals.get(key, (0, {}))
+        for sample in [sample for sample in list(totals) if sample < oldest_sample]:
+            totals.pop(sample, None)
 
     def forget_until(self, key: ClientKey, until_ms: int) -> None:
         """Drops the buckets at or before ``until_ms`` (of a client no decision counts)."""
@@ -143,10 +166,13 @@ class Forwarded:
         sent = self._sent.get(key)
         while sent and sent[0][0] <= until_ms:
             sent.popleft()
+        width, _ = self._totals.get(key, (1, {}))
+        self._forget_samples_before(key, until_ms // width + 1)
 
     def forget(self, key: ClientKey) -> None:
         self._sent.pop(key, None)
         self._folded.pop(key, None)
+        self._totals.pop(key, None)
 
 
 class Holds:
@@ -273,7 +299,9 @@ class Holds:
         a client with a backlog (Kafka's Java producer buffers 32 MB) sends at wire speed until
         the next refresh, and is then held for seconds: held long and let through in bursts, where
         a broker holds it short and often."""
-        self.forwarded.record(key, nbytes, now_ms)
+        self.forwarded.record(
+            key, nbytes, now_ms, self._decisions.client.window_of(key[0]).window_ms
+        )
         decided = self._decided.get(key)
         if decided is None:
             return 0
