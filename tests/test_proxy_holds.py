@@ -255,6 +255,33 @@ def test_a_fetch_response_that_would_break_the_quota_is_known_before_it_is_sent(
     assert holds.over_quota_with(key, 200_000) in range(233, 235)
 
 
+def test_a_produce_request_that_breaks_the_quota_holds_the_client_as_it_is_recorded(
+    scene: Scene,
+) -> None:
+    """``record_forwarded``: record, then check, as a broker does with each request. Within the
+    headroom the last measure found, no hold; the request that spends it is measured with the
+    window as it is then and holds the client (on every broker of a cluster-wide quota) for
+    exactly what the window is over, without waiting for the next refresh."""
+    holds = scene.holds
+    on_broker_1: ClientKey = ("produce", "ANONYMOUS", "backlog", 1)
+    on_broker_2: ClientKey = ("produce", "ANONYMOUS", "backlog", 2)
+    scene.decide(on_broker_1, 2_500_000, NOW_MS)  # 0.5 MB of headroom over 10 s
+    for key in (on_broker_1, on_broker_2):
+        holds.remaining_ms(key)
+    scene.refresh_at(NOW_MS + 100)  # 30 kB more room as the window grew: 530 kB
+    assert holds.record_forwarded(on_broker_1, 300_000, NOW_MS + 100) == 0
+    assert holds.record_forwarded(on_broker_2, 200_000, NOW_MS + 100) == 0
+    assert holds.remaining_ms(on_broker_1) == 0
+    # 60 kB over the quota's 530 kB: 200 ms.
+    assert holds.record_forwarded(on_broker_1, 90_000, NOW_MS + 100) in range(200, 202)
+    assert holds.remaining_ms(on_broker_2) in range(200, 202)
+    # Spent: the next request is measured again. 20 ms on, the window has 6 kB more room and
+    # 30 kB more bytes: 3.12 MB over 10.12 s, 280 ms over.
+    scene.clock.ms = NOW_MS + 120
+    assert holds.record_forwarded(on_broker_2, 30_000, NOW_MS + 120) in range(280, 282)
+    assert holds.remaining_ms(on_broker_1) in range(280, 282)
+
+
 def engine_decision(key: ClientKey, window_bytes: int, at_ms: int, **fields: object) -> Decision:
     """The decision the engine makes at ``at_ms`` of ``window_bytes`` in 10 samples and the
     elapsed part of the current one, with its own throttle formula (``state.throttle``)."""

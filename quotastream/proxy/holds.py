@@ -291,11 +291,11 @@ class Holds:
         is held from now for them (0: still within its quota). The hold is the client's on every
         connection at once (:meth:`remaining_ms`).
 
-        A broker measures every request; measuring the window on every request here would cost
-        a walk of the bytes forwarded since the decision each time. The last measure's headroom
-        (the bytes the window had room for) is spent instead, and the window is measured again
-        only once it is spent: so a client far under its quota costs a subtraction a request, and
-        one at its quota a measure per request, as many as its quota lets through. Without this
+        A broker measures every request. Here a measure merges a dozen samples of each of the
+        entity's keys (~0.15 ms), so the last measure's headroom (the bytes the window had room
+        for) is spent first, and the window is measured again only once it is spent: a client
+        far under its quota costs a subtraction a request, and one at its quota a measure per
+        request, as many as its quota lets through. Without this check
         a client with a backlog (Kafka's Java producer buffers 32 MB) sends at wire speed until
         the next refresh, and is then held for seconds: held long and let through in bursts, where
         a broker holds it short and often."""
