@@ -464,6 +464,46 @@ def greedy_consumer_settings(
     return EngineSettings.model_validate({**base.model_dump(), "quotas": str(quotas)})
 
 
+def decide_headroom(
+    redis_server: LocalService,
+    settings: EngineSettings,
+    config: QuotaConfig,
+    key: tuple[str, str, str, int],
+) -> None:
+    """Writes the engine's decision for ``key`` under a quota of 20 kB/s: 150 kB in its window,
+    measured over 10-11 s (Kafka's default samples), 50-70 kB of headroom."""
+    entity = DecisionClient.connect(
+        redis_server.host, redis_server.port, settings.redis.key_prefix, config
+    ).entity_of_client(*key)
+    now = int(time.time() * 1000)
+    window_ms = 10_000 + now % 1000
+    write_decision(
+        redis_server,
+        settings.redis.key_prefix,
+        Decision(
+            quota=key[0],
+            entity=entity,
+            throttle_ms=0,
+            until=now,
+            rate=150_000 * 1000 / window_ms,
+            limit=float(GREEDY_QUOTA_BYTES_PER_S),
+            exceeded=False,
+            window_ms=window_ms,
+            decided_at=now,
+        ),
+    )
+
+
+def await_decision(proxy: RunningProxy, key: tuple[str, str, str, int]) -> None:
+    """Until the proxy measures ``key`` by its decision: a refresh pass reads it from Redis."""
+    holds = proxy.proxy.context.holds
+    holds.remaining_ms(key)  # seen, as its first request would make it
+    deadline = time.monotonic() + 5
+    while holds.over_quota_with(key, 10**6) == 0:
+        assert time.monotonic() < deadline, "the proxy never read the decision"
+        holds.refresh()
+
+
 def test_a_fetch_response_over_the_quota_is_answered_empty_and_published_as_zero_bytes(
     kafka: KafkaNode, redis_server: LocalService, tmp_path: Path
 ) -> None:
@@ -474,37 +514,10 @@ def test_a_fetch_response_over_the_quota_is_answered_empty_and_published_as_zero
     settings = greedy_consumer_settings(kafka, redis_server, tmp_path, topic)
     config = load_quota_config(Path(settings.quotas))
     key = ("fetch", "ANONYMOUS", "greedy", 1)
-    entity = DecisionClient.connect(
-        redis_server.host, redis_server.port, settings.redis.key_prefix, config
-    ).entity_of_client(*key)
-    now = int(time.time() * 1000)
-    # 150 kB in a window of 20 kB/s measured over 10-11 s (Kafka's default samples): 50-70 kB
-    # of headroom.
-    window_ms = 10_000 + now % 1000
-    rate = 150_000 * 1000 / window_ms
-    write_decision(
-        redis_server,
-        settings.redis.key_prefix,
-        Decision(
-            quota="fetch",
-            entity=entity,
-            throttle_ms=0,
-            until=now,
-            rate=rate,
-            limit=float(GREEDY_QUOTA_BYTES_PER_S),
-            exceeded=False,
-            window_ms=window_ms,
-            decided_at=now,
-        ),
-    )
+    decide_headroom(redis_server, settings, config, key)
     with RunningProxy(settings, config) as proxy:
         broker = (settings.proxy.client_host, proxy.proxy.node_ports()[1])
-        holds = proxy.proxy.context.holds
-        holds.remaining_ms(key)  # seen, as its first request would make it
-        deadline = time.monotonic() + 5
-        while holds.over_quota_with(key, 10**6) == 0:
-            assert time.monotonic() < deadline, "the proxy never read the decision"
-            holds.refresh()
+        await_decision(proxy, key)
         emptied = fetch_once(broker, topic, 100_000)
         served = fetch_once(broker, topic, 20_000)
         count = proxy.registry.get_sample_value("quotastream_proxy_emptied_fetches_total")
@@ -546,36 +559,11 @@ def test_the_produce_request_that_breaks_the_quota_holds_its_client_at_once(
     settings = EngineSettings.model_validate({**base.model_dump(), "quotas": str(quotas)})
     config = load_quota_config(quotas)
     key = ("produce", "ANONYMOUS", "steady", 1)
-    entity = DecisionClient.connect(
-        redis_server.host, redis_server.port, settings.redis.key_prefix, config
-    ).entity_of_client(*key)
-    now = int(time.time() * 1000)
-    # 150 kB in a window of 20 kB/s measured over 10-11 s: 50-70 kB of headroom.
-    window_ms = 10_000 + now % 1000
-    write_decision(
-        redis_server,
-        settings.redis.key_prefix,
-        Decision(
-            quota="produce",
-            entity=entity,
-            throttle_ms=0,
-            until=now,
-            rate=150_000 * 1000 / window_ms,
-            limit=float(GREEDY_QUOTA_BYTES_PER_S),
-            exceeded=False,
-            window_ms=window_ms,
-            decided_at=now,
-        ),
-    )
+    decide_headroom(redis_server, settings, config, key)
     request_bytes = 10_000
     with RunningProxy(settings, config) as proxy:
         broker = (settings.proxy.client_host, proxy.proxy.node_ports()[1])
-        holds = proxy.proxy.context.holds
-        holds.remaining_ms(key)  # seen, as its first request would make it
-        deadline = time.monotonic() + 5
-        while holds.over_quota_with(key, 10**6) == 0:
-            assert time.monotonic() < deadline, "the proxy never read the decision"
-            holds.refresh()
+        await_decision(proxy, key)
         exchanges = []  # (throttle_time_ms, round trip ms) per request, on one connection
         with socket.create_connection(broker, timeout=30) as connection:
             reader = connection.makefile("rb")
