@@ -47,3 +47,52 @@ def test_the_line_is_the_error_that_ends_the_workers_traceback(raised: str, line
 
 def test_an_error_without_a_traceback_is_its_first_line() -> None:
     assert failure_line(RuntimeError("stopped\nmore detail")) == "stopped"
+
+
+#: A failed query's JVM stack trace (what pyspark keeps as ``_stackTrace``), abridged: Spark's
+#: own error says nothing of why.
+JVM_TRACE = """org.apache.spark.sql.streaming.StreamingQueryException: [STREAM_FAILED] Query [id = \
+q, runId = r] terminated with exception:  SQLSTATE: XXKST (no cause message)
+=== Streaming Query ===
+\tat org.apache.spark.sql.execution.streaming.runtime.StreamExecution.runStream(StreamExecution.\
+scala:394)
+Caused by: {cause}
+\tat java.base/java.io.DataInputStream.readInt(DataInputStream.java:386)
+\tat org.apache.spark.sql.execution.python.streaming.{runner}.latestOffset(\
+PythonStreamingSourceRunner.scala:217)
+\tat org.apache.spark.sql.execution.datasources.v2.python.PythonMicroBatchStreamBase.latestOff\
+set(PythonMicroBatchStream.scala:60)
+"""
+
+
+class CapturedError(Exception):
+    """pyspark's captured JVM error: a message, and the JVM's stack trace apart."""
+
+    def __init__(self, message: str, trace: str) -> None:
+        super().__init__(message)
+        self._stackTrace = trace
+
+
+@pytest.mark.parametrize(
+    "cause",
+    [
+        "java.io.EOFException",
+        "java.io.IOException: Broken pipe",
+        "java.net.SocketException: Connection reset",
+    ],
+)
+def test_the_sources_process_ending_without_an_error_is_named(cause: str) -> None:
+    error = CapturedError(
+        "[STREAM_FAILED] Query [id = q, runId = r] terminated with exception:  SQLSTATE: XXKST",
+        JVM_TRACE.format(cause=cause, runner="PythonStreamingSourceRunner"),
+    )
+    assert failure_line(error).startswith(
+        "the Kafka source's Python process on the driver ended without an error while Spark "
+        "waited for its latestOffset: killed by a signal it cannot catch (SIGKILL, "
+    )
+
+
+def test_an_end_of_stream_elsewhere_is_not_taken_for_the_sources_process() -> None:
+    trace = JVM_TRACE.format(cause="java.io.EOFException", runner="SomeOtherRunner")
+    error = CapturedError("[STREAM_FAILED] Query terminated with exception: x", trace)
+    assert failure_line(error) == "[STREAM_FAILED] Query terminated with exception: x"

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 import pickle
+import re
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -14,14 +18,18 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaTimeoutError
 from pyspark import cloudpickle
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from state.config import parse_quota_config
 from state.events import EventBounds
+from streaming.commands.run import failure_line
 from streaming.engine.kafka_clients import end_offsets, new_consumer
 from streaming.engine.kafka_source import DataLossError, KafkaStreamReader, engine_source
 from streaming.engine.offsets import LAYOUT_KEY, SourceOptions, layout_of
 from streaming.engine.shard_layout import ShardLayout
+from streaming.engine.source_process import RUNNER_MODULE
 from streaming.engine.source_records import BYTES_PER_CHUNK
 from streaming.engine.stages import StageSettings
 from streaming.kafka_broker import KafkaNode
@@ -338,3 +346,91 @@ def test_available_now_stops_at_what_existed_when_the_query_started(
         start = end
     assert ends == [30, 60, 90, 100]
     source.stop()
+
+
+def source_processes() -> set[int]:
+    """Spark's source processes on the driver (streaming/engine/source_process.py) that this
+    process started, through the driver's JVM."""
+    found = set()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            command = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue  # ended meanwhile
+        pid = int(cmdline.parent.name)
+        if RUNNER_MODULE.encode() in command and os.getpid() in ancestors(pid):
+            found.add(pid)
+    return found
+
+
+def ancestors(pid: int) -> list[int]:
+    chain = []
+    while pid > 1:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat[stat.rfind(")") + 2 :].split()[1])
+        chain.append(pid)
+    return chain
+
+
+@pytest.mark.parametrize(
+    ("signum", "line"),
+    [
+        (
+            signal.SIGKILL,
+            r"the Kafka source's Python process on the driver ended without an error while "
+            r"Spark waited for its (initialOffset|latestOffset|reportLatestOffset|partitions|"
+            r"commit): killed by a signal it cannot catch \(SIGKILL, as the kernel's "
+            r"out-of-memory killer sends it\) or crashed \(then its stack is in the driver's "
+            r"log\); the checkpoint is intact: a restart resumes from it",
+        ),
+        (
+            signal.SIGTERM,
+            r"the Kafka source's Python process on the driver \(pid \d+\) was sent SIGTERM: "
+            r"something outside the query stopped it",
+        ),
+    ],
+    ids=["SIGKILL", "SIGTERM"],
+)
+def test_the_end_of_the_sources_process_on_the_driver_is_named(
+    spark: SparkSession, broker: LocalService, tmp_path: Path, signum: int, line: str
+) -> None:
+    """The process that answers Spark's calls to the source on the driver (``latestOffset``
+    each trigger) killed while the query runs: the query fails, and its one line says what
+    happened, where Spark says only ``[STREAM_FAILED] ... terminated with exception:`` (the JVM
+    read EOF). Raised in the process, an error would have been reported with its traceback."""
+    topic = new_topic(broker, 1)
+    produce(broker, topic, 10, 1)
+    stage = StageSettings(parse_quota_config(MIXED_QUOTAS, "test"), EventBounds(), 65_536)
+    source = engine_source(stage)
+    spark.dataSource.register(source)
+    options = {
+        "kafka.bootstrap.servers": broker.address,
+        "subscribe": topic,
+        "startingOffsets": "earliest",
+    }
+    before = source_processes()
+    query = (
+        spark.readStream.format(source.name())
+        .options(**options)
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        # Its first batch read the records: the process has created the reader and answers.
+        deadline = time.monotonic() + 120
+        while not query.recentProgress and query.isActive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert query.recentProgress, query.exception()
+        (process,) = source_processes() - before
+        os.kill(process, signum)
+        with pytest.raises(StreamingQueryException) as failed:
+            query.awaitTermination(120)
+    finally:
+        query.stop()
+    assert re.fullmatch(line, failure_line(failed.value)), failure_line(failed.value)

@@ -40,6 +40,7 @@ from streaming.commands.traffic import LiveTraffic
 from streaming.engine.exporter import EngineMetrics
 from streaming.engine.job import GracefulStop, local_spark, start_query
 from streaming.engine.settings import EngineSettings
+from streaming.engine.source_process import source_process_ended
 from streaming.kafka_broker import start_kafka
 from streaming.services import LOOPBACK, free_ports, start_redis
 
@@ -119,8 +120,13 @@ def failure_line(error: BaseException) -> str:
 
     A failure in a Python worker reaches the driver as a Spark error whose text holds the
     worker's traceback, then the query's offsets and plan (kept in the debug log); the line that
-    ends the traceback names the error. The engine's own errors are shown by their message.
+    ends the traceback names the error. The engine's own errors are shown by their message. The
+    Kafka source's process on the driver ending without an error leaves Spark with no message:
+    the line says what happened (``streaming/engine/source_process.py``).
     """
+    ended = source_process_ended(error)
+    if ended is not None:
+        return ended
     _, found, raised = str(error).rpartition(_TRACEBACK)
     if not found:
         return first_line(error)

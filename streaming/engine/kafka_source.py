@@ -76,6 +76,7 @@ from streaming.engine.offsets import (
     to_json,
 )
 from streaming.engine.shard_layout import ShardLayout
+from streaming.engine.source_process import watch_source_process
 from streaming.engine.source_records import (
     BYTES_PER_CHUNK,
     RECORDS_PER_CHUNK,
@@ -155,6 +156,9 @@ class KafkaSource(DataSource):
     def streamReader(self, schema: StructType) -> KafkaStreamReader:
         if self.stage is None:
             raise TypeError("register engine_source(settings), not KafkaSource itself")
+        # Called in the process that answers the driver's calls for the query's life: its end
+        # must say why (streaming/engine/source_process.py).
+        watch_source_process()
         return KafkaStreamReader(SourceOptions.parse(self.options), self.stage)
 
 
