@@ -8,10 +8,13 @@ object to bench/results/kafka_broker.jsonl::
 
     {"kafka_version": ..., "single.start_s": [...], "single.rss_mib": ...,
      "single.rss_after_traffic_mib": ..., "cluster.start_s": [...], "cluster.rss_mib": [...]}
+
+    python bench/kafka_broker.py [--runs 3] [--records 100000]
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from pathlib import Path
@@ -20,9 +23,6 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from results import record  # bench/ is on sys.path when a script in it runs
 
 from streaming.kafka_broker import KafkaNode, kafka_version, start_kafka, start_kafka_cluster
-
-RUNS = 3
-RECORDS = 100_000
 
 
 def rss_mib(node: KafkaNode) -> float:
@@ -33,9 +33,9 @@ def rss_mib(node: KafkaNode) -> float:
     raise RuntimeError(f"no VmRSS for pid {node.process.pid}")
 
 
-def traffic(node: KafkaNode) -> None:
+def traffic(node: KafkaNode, records: int) -> None:
     producer = KafkaProducer(bootstrap_servers=node.address, linger_ms=5)
-    for _ in range(RECORDS):
+    for _ in range(records):
         producer.send("bench", b"x" * 200, partition=0)
     producer.flush()
     producer.close()
@@ -45,20 +45,24 @@ def traffic(node: KafkaNode) -> None:
     consumer.seek_to_beginning(partition)
     read = sum(1 for _ in consumer)
     consumer.close()
-    assert read == RECORDS, read
+    assert read == records, read
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="starts of each kind")
+    parser.add_argument("--records", type=int, default=100_000, help="traffic: 200-byte records")
+    args = parser.parse_args()
     single_start_s, single_rss, after_traffic = [], [], []
-    for _ in range(RUNS):
+    for _ in range(args.runs):
         began = time.monotonic()
         with start_kafka() as node:
             single_start_s.append(round(time.monotonic() - began, 2))
             single_rss.append(rss_mib(node))
-            traffic(node)
+            traffic(node, args.records)
             after_traffic.append(rss_mib(node))
     cluster_start_s, cluster_rss = [], []
-    for _ in range(RUNS):
+    for _ in range(args.runs):
         began = time.monotonic()
         with start_kafka_cluster(3) as cluster:
             cluster_start_s.append(round(time.monotonic() - began, 2))
@@ -68,6 +72,7 @@ def main() -> None:
         {
             "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "kafka_version": kafka_version(),
+            "records": args.records,
             "single.start_s": single_start_s,
             "single.start_s_median": statistics.median(single_start_s),
             "single.rss_mib": statistics.median(single_rss),

@@ -25,7 +25,10 @@ loads under it (``spark_kafka_connector`` in the result says which). ``scripts/k
 
 Prints one JSON object and appends it to bench/results/kafka_source.jsonl.
 
-    python bench/kafka_source.py [--quick] [--rounds 3]
+    python bench/kafka_source.py [--quick | --smoke] [--rounds 3]
+
+``--smoke``: one round on ``bench/pipeline.py``'s smallest topics (``SMOKE``): what the test
+suite runs to keep the script working; its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from pipeline import CONFIG, Traffic, bare_consume, create_topic, publish
+from pipeline import CONFIG, QUICK, SMOKE, Traffic, bare_consume, create_topic, publish
 from pyspark.sql import SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 from results import record  # bench/ is on sys.path when a script in it runs
@@ -181,9 +184,11 @@ def compare(
     events: int,
     rounds: int,
     stage: StageSettings,
+    warm_up: bool = True,
 ) -> dict[str, Any]:
-    """Both sources over ``topic``, alternating, after one warm-up each."""
-    for source in ("python", "spark"):
+    """Both sources over ``topic``, alternating, after one warm-up each (unless not
+    ``warm_up``: a smoke run measures nothing)."""
+    for source in ("python", "spark") if warm_up else ():
         one_stage1_batch(spark, kafka, topic, source, stage)
     times: dict[str, list[int]] = {"python": [], "spark": []}
     for _ in range(rounds):
@@ -203,13 +208,18 @@ def compare(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller topics, one round")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="smaller topics, one round")
+    size.add_argument("--smoke", action="store_true", help="the smallest run: checks it works")
     parser.add_argument("--rounds", type=int, help="measured rounds per source (default 3)")
     parser.add_argument("--per-message", type=int, default=500, help="batched: events/message")
     args = parser.parse_args()
-    single_events = 400_000 if args.quick else 1_000_000
-    batched_events = 2_000_000 if args.quick else 5_000_000
-    rounds = args.rounds or (1 if args.quick else 3)
+    if args.smoke or args.quick:
+        work = SMOKE if args.smoke else QUICK
+        single_events, batched_events = work.single_events, work.batched_events
+    else:
+        single_events, batched_events = 1_000_000, 5_000_000
+    rounds = args.rounds or (1 if args.quick or args.smoke else 3)
     jars = connector_jars()
     now = int(time.time() * 1000)
     with start_kafka() as kafka:
@@ -223,6 +233,7 @@ def main() -> None:
             "when": datetime.now(UTC).isoformat(timespec="seconds"),
             "machine": f"{platform.machine()} {os.cpu_count()} cpu, local[2]",
             "quick": args.quick,
+            "smoke": args.smoke,
             "spark_kafka_connector": f"spark-sql-kafka-0-10_2.13:{CONNECTOR}",
         }
         spark = spark_session(jars)
@@ -239,12 +250,16 @@ def main() -> None:
                     spark, kafka, "batched", batched_messages
                 ),
             }
-            result["single"] = compare(
-                spark, kafka, "single", events=single_events, rounds=rounds, stage=stage
-            )
-            result["batched"] = compare(
-                spark, kafka, "batched", events=batched_events, rounds=rounds, stage=stage
-            )
+            for kind, events in (("single", single_events), ("batched", batched_events)):
+                result[kind] = compare(
+                    spark,
+                    kafka,
+                    kind,
+                    events=events,
+                    rounds=rounds,
+                    stage=stage,
+                    warm_up=not args.smoke,
+                )
         finally:
             spark.stop()
     ceiling = result["ceiling"]

@@ -31,13 +31,13 @@ engine as shipped and offers the load:
    operator runs. No cap, because keeping up means reading whatever has arrived: a capped
    query's backlog grows by design as soon as the cap is below the rate (``bench/overload.py``
    measures that case).
-5. Every 5 s (and at the window's end) a sample: the backlog (the topic's end minus what the
-   query's completed batches have read, in messages and events), the batches completed since
-   the previous sample (each once, by batch id: duration and events), the state's size, the
-   memory of the driver JVM and the Python workers, and the machine's load average (it may be
-   shared). After the window, until the query has read the whole topic: ``catch_up_s`` is from
-   the window's end to the end of the batch that read the topic's last offset (0 if nothing
-   was left).
+5. Every 5 s (``--sample-s``; and at the window's end) a sample: the backlog (the topic's end
+   minus what the query's completed batches have read, in messages and events), the batches
+   completed since the previous sample (each once, by batch id: duration and events), the
+   state's size, the memory of the driver JVM and the Python workers, and the machine's load
+   average (it may be shared). After the window, until the query has read the whole topic:
+   ``catch_up_s`` is from the window's end to the end of the batch that read the topic's last
+   offset (0 if nothing was left).
 
 The verdict. Events are counted from the source offsets each batch read (x events per
 message); a batch is in the window when it ended in it. The backlog is what no completed batch
@@ -71,6 +71,7 @@ Prints one JSON object and appends it to bench/results/keep_up.jsonl (per-sample
 stderr).
 
     python bench/keep_up.py [--quick] [--clients 1000000] [--rate 100000] [--seconds 60]
+        [--per-message 500] [--sample-s 5]
 
 ``--quick``: 100k clients, 20k events/s for 30 s (batches take ~5 s at 100k clients here, and a
 verdict needs a few), in about 2 minutes.
@@ -102,6 +103,7 @@ from streaming.engine.offsets import records_read
 from streaming.kafka_broker import start_kafka
 from streaming.services import LocalService, start_redis
 
+#: Seconds between samples (``--sample-s``).
 SAMPLE_S = 5.0
 #: How long the pre-load and the catch-up may take before the run is reported as stuck.
 LIVENESS_S = 900.0
@@ -144,10 +146,13 @@ class Watch:
     """A running query's backlog, batches, state and memory. Batches are those that read
     records, each once (``recentProgress`` repeats them across calls and keeps the last 100)."""
 
-    def __init__(self, query: Any, kafka: LocalService, per_message: int) -> None:
+    def __init__(
+        self, query: Any, kafka: LocalService, per_message: int, sample_s: float = SAMPLE_S
+    ) -> None:
         self.query = query
         self.kafka = kafka
         self.per_message = per_message
+        self.sample_s = sample_s
         self.origin = time.time()
         self.batches: dict[int, Batch] = {}
         self.consumer = KafkaConsumer(bootstrap_servers=kafka.address, enable_auto_commit=False)
@@ -208,7 +213,7 @@ class Watch:
         return taken
 
     def until_read(self, records: int, samples: list[dict[str, Any]]) -> bool:
-        """Samples every ``SAMPLE_S`` until the query has read ``records`` records of the
+        """Samples every ``sample_s`` until the query has read ``records`` records of the
         topic; False when ``LIVENESS_S`` passed first."""
         deadline = time.monotonic() + LIVENESS_S
         while read_so_far(self.query) < records:
@@ -216,7 +221,7 @@ class Watch:
                 raise RuntimeError(f"the query stopped: {self.query.exception()}")
             if time.monotonic() > deadline:
                 return False
-            time.sleep(SAMPLE_S)
+            time.sleep(self.sample_s)
             samples.append(self.sample(offering=False))
         return True
 
@@ -254,12 +259,12 @@ def offered_window(watch: Watch, traffic: Population, rate: int, seconds: int) -
     cpu_at_start = cpu_by_party()
     load = offer(watch.kafka, rate // per_message, per_message, seconds, traffic.messages)
     samples: list[dict[str, Any]] = []
-    next_sample = start + SAMPLE_S
+    next_sample = start + watch.sample_s
     while load.is_alive():
         load.join(timeout=max(0.0, next_sample - time.time()))
         if load.is_alive():
             samples.append(watch.sample(offering=True))
-            next_sample += SAMPLE_S
+            next_sample += watch.sample_s
     end = time.time()
     cpu_cores = {
         party: round((used - cpu_at_start[party]) / (end - start), 2)
@@ -325,6 +330,9 @@ def main() -> None:
     parser.add_argument("--rate", type=int, help="events/s offered (default 100k, quick 20k)")
     parser.add_argument("--seconds", type=int, help="offered window (default 60, quick 30)")
     parser.add_argument("--per-message", type=int, default=500, help="events per message")
+    parser.add_argument(
+        "--sample-s", type=float, default=SAMPLE_S, help="seconds between samples (default 5)"
+    )
     args = parser.parse_args()
     clients = args.clients or (100_000 if args.quick else 1_000_000)
     rate = args.rate or (20_000 if args.quick else 100_000)
@@ -339,7 +347,7 @@ def main() -> None:
         # Stopped between batches: stopping inside one makes Spark log broadcast errors.
         stopper = GracefulStop()
         query = start_query(spark, engine, CONFIG, graceful_stop=stopper)
-        watch = Watch(query, kafka, per_message)
+        watch = Watch(query, kafka, per_message, args.sample_s)
         try:
             preload_samples: list[dict[str, Any]] = []
             if not watch.until_read(preloaded, preload_samples):

@@ -18,7 +18,11 @@ Prints one JSON object and appends it to bench/results/pipeline.jsonl:
   the time it was seen gives event->Redis latency;
 * ``stage_costs_one_process``: each piece of the path in one process without Spark.
 
-    python bench/pipeline.py [--quick] [--rate 10000] [--seconds 60]
+    python bench/pipeline.py [--quick | --smoke] [--rate 10000] [--seconds 60]
+
+``--smoke``: every measurement once on the smallest inputs, in well under a minute: what the
+test suite runs (``tests/test_bench_smoke.py``) to keep the script working; its figures mean
+nothing (``"smoke": true`` in the result).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
@@ -273,14 +278,16 @@ def scale(
     shards: int = SHARDS,
     topic: str | None = None,
     touched: int | None = None,
+    batch_events: int = 100_000,
+    batches: int = 5,
 ) -> dict[str, Any]:
     """How a batch's cost and the state grow with the clients held, and where a batch's time
-    goes (each piece once more in one process, on the same events). With ``touched``, the
-    batches' events come from that many of the clients only: what holding the others costs."""
+    goes (each piece once more in one process, on the same events): ``batches`` batches of
+    ``batch_events`` events. With ``touched``, the batches' events come from that many of the
+    clients only: what holding the others costs."""
     topic = topic or f"scale-{clients}-{shards}-{touched}"
     create_topic(kafka, topic)
     now = int(time.time() * 1000)
-    batch_events, batches = 100_000, 5
     everyone, work = scale_messages(
         clients, per_message, now, batch_events, batches, touched=touched
     )
@@ -324,26 +331,32 @@ TINY_STARTUP_BATCHES = 6
 
 
 def fixed_cost(
-    spark: Any, kafka: LocalService, redis_server: LocalService, topic: str = "tiny"
+    spark: Any,
+    kafka: LocalService,
+    redis_server: LocalService,
+    topic: str = "tiny",
+    *,
+    batches: int = TINY_BATCHES,
+    startup_batches: int = TINY_STARTUP_BATCHES,
 ) -> dict[str, Any]:
-    """Micro-batches of 4 events each on a running (warm) query.
+    """``batches`` micro-batches of 4 events each on a running (warm) query.
 
     A query's first batches run slower while it starts: the first (~9 s) starts the Python
     workers, and in four runs of 8-20 batches (2026-11-29) the next four took 0.71-1.43 s
     (median 1.07 s) and those after them 0.57-1.01 s (median 0.69 s). The median is of the
-    batches after the first :data:`TINY_STARTUP_BATCHES`."""
+    batches after the first ``startup_batches``."""
     query = running_query(spark, kafka, redis_server, topic)
     traffic = Traffic(seed=5, clients=100)
     phases: list[dict[str, int]] = []
     try:
-        for round_ in range(TINY_BATCHES):
+        for round_ in range(batches):
             now = int(time.time() * 1000)
             publish(kafka, topic, traffic.messages(4, 1, now))
             batch = wait_for(partial(_batches_after, query, round_), timeout_s=60)
             phases.append(batch[0]["durationMs"])
     finally:
         query.stop()
-    warm = phases[TINY_STARTUP_BATCHES:]
+    warm = phases[startup_batches:]
     return {
         "tiny_batch_ms": statistics.median(p["triggerExecution"] for p in warm),
         "tiny_batch_ms_all": [p["triggerExecution"] for p in phases],
@@ -418,7 +431,7 @@ def latency(
                     samples.append(observed - decided_at)
         time.sleep(0.05)
     stop.set()
-    progress = _batches_with_data(query)[1:]
+    batch_ms = [p["durationMs"]["triggerExecution"] for p in _batches_with_data(query)[1:]]
     query.stop()
     samples.sort()
     return {
@@ -428,8 +441,9 @@ def latency(
         "p50_ms": samples[len(samples) // 2] if samples else None,
         "p99_ms": samples[int(len(samples) * 0.99)] if samples else None,
         "mean_ms": round(statistics.fmean(samples)) if samples else None,
-        "batch_ms_p50": statistics.median(p["durationMs"]["triggerExecution"] for p in progress),
-        "batch_ms_max": max(p["durationMs"]["triggerExecution"] for p in progress),
+        # None: no batch after the first ended within the run (a short one on a busy machine).
+        "batch_ms_p50": statistics.median(batch_ms) if batch_ms else None,
+        "batch_ms_max": max(batch_ms, default=None),
     }
 
 
@@ -516,24 +530,68 @@ def piece_costs(
     }
 
 
+@dataclass(frozen=True)
+class Workload:
+    """How much each measurement runs."""
+
+    single_events: int
+    batched_events: int
+    #: ``maxOffsetsPerTrigger`` of the throughput runs, in events.
+    single_batch_events: int
+    batched_batch_events: int
+    latency_s: int
+    #: (clients held, clients the batches touch): the last pair against the first shows what
+    #: holding 1M clients costs a batch that touches 10k of them.
+    scales: list[tuple[int, int | None]]
+    scale_batch_events: int = 100_000
+    scale_batches: int = 5
+    tiny_batches: int = TINY_BATCHES
+    tiny_startup_batches: int = TINY_STARTUP_BATCHES
+
+
+FULL = Workload(
+    single_events=1_200_000,
+    batched_events=6_000_000,
+    single_batch_events=400_000,
+    batched_batch_events=2_000_000,
+    latency_s=60,
+    scales=[(10_000, None), (100_000, None), (1_000_000, None), (1_000_000, 10_000)],
+)
+QUICK = Workload(
+    single_events=400_000,
+    batched_events=2_000_000,
+    single_batch_events=400_000,
+    batched_batch_events=2_000_000,
+    latency_s=20,
+    scales=[(10_000, None), (100_000, None)],
+)
+SMOKE = Workload(
+    single_events=2_000,
+    batched_events=10_000,
+    single_batch_events=1_000,
+    batched_batch_events=5_000,
+    latency_s=3,
+    scales=[(1_000, None)],
+    scale_batch_events=1_000,
+    scale_batches=2,
+    tiny_batches=2,
+    tiny_startup_batches=1,
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a run under 3 minutes")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="a run under 3 minutes")
+    size.add_argument("--smoke", action="store_true", help="the smallest run: checks it works")
     parser.add_argument("--rate", type=int, default=10_000, help="latency: events/s offered")
     parser.add_argument("--seconds", type=int, help="latency: how long (default 60, quick 20)")
     parser.add_argument("--per-message", type=int, default=500, help="batched: events/message")
     args = parser.parse_args()
     quick = args.quick
-    single_events = 400_000 if quick else 1_200_000
-    batched_events = 2_000_000 if quick else 6_000_000
-    seconds = args.seconds or (20 if quick else 60)
-    # (clients held, clients the batches touch): the last pair against the first shows what
-    # holding 1M clients costs a batch that touches 10k of them.
-    scales = (
-        [(10_000, None), (100_000, None)]
-        if quick
-        else [(10_000, None), (100_000, None), (1_000_000, None), (1_000_000, 10_000)]
-    )
+    work = SMOKE if args.smoke else QUICK if quick else FULL
+    single_events, batched_events = work.single_events, work.batched_events
+    seconds = args.seconds or work.latency_s
     now = int(time.time() * 1000)
     with start_kafka() as kafka, start_redis() as redis_server:
         create_topic(kafka, "single")
@@ -546,12 +604,19 @@ def main() -> None:
             "when": datetime.now(UTC).isoformat(timespec="seconds"),
             "machine": f"{platform.machine()} {os.cpu_count()} cpu, local[2]",
             "quick": quick,
+            "smoke": args.smoke,
             "ceiling": {"kafka_python_consume_msgs_per_s": round(bare_consume(kafka, "single"))},
             "stage_costs_one_process": stage_costs(kafka, redis_server, "single"),
         }
         spark = local_spark(EngineSettings())
         try:
-            result["fixed_cost"] = fixed_cost(spark, kafka, redis_server)
+            result["fixed_cost"] = fixed_cost(
+                spark,
+                kafka,
+                redis_server,
+                batches=work.tiny_batches,
+                startup_batches=work.tiny_startup_batches,
+            )
             result["single"] = throughput(
                 spark,
                 kafka,
@@ -559,7 +624,7 @@ def main() -> None:
                 "single",
                 events=single_events,
                 per_message=1,
-                events_per_batch=400_000,
+                events_per_batch=work.single_batch_events,
             )
             result["batched"] = throughput(
                 spark,
@@ -568,13 +633,22 @@ def main() -> None:
                 "batched",
                 events=batched_events,
                 per_message=args.per_message,
-                events_per_batch=2_000_000,
+                events_per_batch=work.batched_batch_events,
             )
             # Before scale: its million keys would slow the latency probe's scans of Redis.
             result["latency"] = latency(spark, kafka, redis_server, rate=args.rate, seconds=seconds)
             result["scale"] = [
-                scale(spark, kafka, redis_server, clients, args.per_message, touched=touched)
-                for clients, touched in scales
+                scale(
+                    spark,
+                    kafka,
+                    redis_server,
+                    clients,
+                    args.per_message,
+                    touched=touched,
+                    batch_events=work.scale_batch_events,
+                    batches=work.scale_batches,
+                )
+                for clients, touched in work.scales
             ]
         finally:
             spark.stop()

@@ -1,12 +1,20 @@
-"""Benchmark results: one JSON line per run, appended to bench/results/<name>.jsonl."""
+"""Benchmark results: one JSON line per run, appended to bench/results/<name>.jsonl.
+
+``QUOTASTREAM_BENCH_RESULTS`` names another directory: the test suite's smoke runs of every
+script (``tests/test_bench_smoke.py``) write there, so that their figures, which mean nothing,
+never join the repository's.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(
+    os.environ.get("QUOTASTREAM_BENCH_RESULTS") or Path(__file__).resolve().parent / "results"
+)
 
 
 def record(name: str, result: dict[str, Any]) -> None:

@@ -13,7 +13,10 @@ changes are uploaded at a commit). After a warm-up query, rounds run every varia
 starting with the next one, so a noisy machine slows each alike; the result is one JSON line in
 bench/results/state_store.jsonl.
 
-    python bench/state_store.py [--rounds 3] [--clients 100000]
+    python bench/state_store.py [--rounds 3] [--clients 100000] [--smoke]
+
+``--smoke``: one round on ``bench/pipeline.py``'s smallest workload (``SMOKE``): what the test
+suite runs to keep the script working; its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +28,12 @@ import statistics
 from datetime import UTC, datetime
 from typing import Any
 
-from pipeline import fixed_cost, scale  # bench/ is on sys.path when a script in it runs
+from pipeline import (  # bench/ is on sys.path when a script in it runs
+    FULL,
+    SMOKE,
+    fixed_cost,
+    scale,
+)
 from results import record
 
 from streaming.engine.job import local_spark
@@ -47,16 +55,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds over the variants")
     parser.add_argument("--clients", type=int, default=100_000, help="active clients")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run: checks it works")
     args = parser.parse_args()
+    work = SMOKE if args.smoke else FULL
+    rounds = 1 if args.smoke else args.rounds
+    clients = work.scales[0][0] if args.smoke else args.clients
+    tiny_batches = {"batches": work.tiny_batches, "startup_batches": work.tiny_startup_batches}
     tiny: dict[str, list[float]] = {name: [] for name in VARIANTS}
     batch: dict[str, list[float]] = {name: [] for name in VARIANTS}
     with start_kafka() as kafka, start_redis() as redis_server:
         spark = local_spark(EngineSettings())
         try:
-            # The session's first queries start the JVM's and the workers' warm-up: not counted.
-            fixed_cost(spark, kafka, redis_server, topic="warm-up")
+            # The session's first queries start the JVM's and the workers' warm-up: not counted
+            # (a smoke run counts nothing).
+            if not args.smoke:
+                fixed_cost(spark, kafka, redis_server, topic="warm-up", **tiny_batches)
             names = list(VARIANTS)
-            for round_ in range(args.rounds):
+            for round_ in range(rounds):
                 # Each round starts with another variant: none always runs first.
                 for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
                     conf = VARIANTS[name]
@@ -65,9 +80,20 @@ def main() -> None:
                         spark.conf.set(key, value)
                     # Topics of its own per run: each reads the same kind of events afresh.
                     run = f"{name}-{round_}"
-                    costs = fixed_cost(spark, kafka, redis_server, topic=f"tiny-{run}")
+                    costs = fixed_cost(
+                        spark, kafka, redis_server, topic=f"tiny-{run}", **tiny_batches
+                    )
                     tiny[name].append(costs["tiny_batch_ms"])
-                    scaled = scale(spark, kafka, redis_server, args.clients, 500, topic=run)
+                    scaled = scale(
+                        spark,
+                        kafka,
+                        redis_server,
+                        clients,
+                        500,
+                        topic=run,
+                        batch_events=work.scale_batch_events,
+                        batches=work.scale_batches,
+                    )
                     batch[name].append(scaled["batch_ms_p50"])
                     print(name, tiny[name][-1], batch[name][-1], flush=True)
         finally:
@@ -75,7 +101,8 @@ def main() -> None:
     result: dict[str, Any] = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()} {os.cpu_count()} cpu, local[2]",
-        "active_clients": args.clients,
+        "smoke": args.smoke,
+        "active_clients": clients,
         "variants": {
             name: {
                 "tiny_batch_ms": statistics.median(tiny[name]),

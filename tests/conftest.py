@@ -103,6 +103,7 @@ LAYERS: Final[Mapping[str, str]] = {
     "test_run_command.py": "scenario",
     "test_security.py": "scenario",
     "test_streaming.py": "scenario",
+    "test_bench_smoke.py": "project",
     "test_compose_topics.py": "project",
     "test_docker_image.py": "project",
     "test_docs_links.py": "project",
@@ -134,6 +135,10 @@ STARTED_BY_FIXTURE: Final[Mapping[str, str]] = {
 #: Tests that start servers or Spark themselves (``start_*`` in their body, or a ``quotastream``
 #: command run in a subprocess), which their fixtures cannot show: file -> tests.
 STARTS_SERVERS_ITSELF: Final[Mapping[str, tuple[str, ...]]] = {
+    "test_bench_smoke.py": (
+        "test_a_benchmark_with_servers_runs",
+        "test_a_benchmark_on_spark_runs",
+    ),
     "test_agent_client.py": (
         "test_a_stopped_redis_fails_open_at_once_logs_once_and_recovers_on_the_same_port",
         "test_a_hung_redis_answers_within_the_timeout_and_fail_closed_delays",
@@ -187,6 +192,7 @@ STARTS_SERVERS_ITSELF: Final[Mapping[str, tuple[str, ...]]] = {
     ),
 }
 STARTS_SPARK_ITSELF: Final[Mapping[str, tuple[str, ...]]] = {
+    "test_bench_smoke.py": ("test_a_benchmark_on_spark_runs",),
     "test_broker_faults.py": ("test_an_outage_longer_than_the_limit_fails_the_run_with_one_line",),
     "test_chaos.py": (
         "test_ten_sigkills_of_the_driver_lose_nothing_and_count_nothing_twice",
