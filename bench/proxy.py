@@ -66,6 +66,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from types import TracebackType
@@ -77,11 +78,12 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from processes import cpu_seconds
-from proxy_closed_loop import closed_loop
+from proxy_closed_loop import DURATION_S, closed_loop
 from results import record  # bench/ is on sys.path when a script in it runs
 
 from streaming.kafka_broker import kafka_version, start_kafka
 from streaming.services import LocalService, start_redis
+from tests.client_libraries import LIBRARIES
 
 VALUE_BYTES: Final = 1000
 BATCH_BYTES: Final = 65_536
@@ -515,22 +517,62 @@ def create_topics(kafka: LocalService) -> None:
         admin.close()
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a run of about a minute")
     parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest run that goes through every step (its figures mean nothing)",
+    )
+    parser.add_argument(
         "--no-closed-loop",
         action="store_true",
-        help="leave out the closed loop with the engine (bench/proxy_closed_loop.py, ~10 min)",
+        help="leave out the closed loop with the engine (bench/proxy_closed_loop.py, ~15 min)",
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--closed-loop-libraries",
+        nargs="+",
+        default=list(LIBRARIES),
+        help="the client libraries of the closed loop (default: all)",
+    )
+    parser.add_argument(
+        "--closed-loop-duration-s", type=float, default=DURATION_S, help="each client's offer"
+    )
+    return parser.parse_args()
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each step measures: a full run, ``--quick`` or ``--smoke``."""
+
+    rounds: int
+    produce_records: int
+    fetch_records: int
+    warm_up_records: int
+    blocks: int
+    per_block: int
+    rps_seconds: float
+
+    @staticmethod
+    def of(quick: bool, smoke: bool) -> Sizes:
+        def records(megabytes: int) -> int:
+            return megabytes * 1_000_000 // VALUE_BYTES
+
+        if smoke:
+            return Sizes(1, records(5), records(5), records(1), 2, 10, 1.0)
+        if quick:
+            return Sizes(2, records(100), records(200), records(50), 6, 100, 4.0)
+        return Sizes(5, records(150), records(300), records(50), 20, 200, 8.0)
+
+
+def main() -> None:
+    args = arguments()
     quick: bool = args.quick
-    rounds = 2 if quick else 5
-    produce_records = (100 if quick else 150) * 1_000_000 // VALUE_BYTES
-    fetch_records = (200 if quick else 300) * 1_000_000 // VALUE_BYTES
-    warm_up_records = 50_000_000 // VALUE_BYTES
-    blocks, per_block = (6, 100) if quick else (20, 200)
-    rps_seconds = 4.0 if quick else 8.0
+    size = Sizes.of(quick, args.smoke)
+    rounds, produce_records, fetch_records = size.rounds, size.produce_records, size.fetch_records
+    warm_up_records, blocks, per_block = size.warm_up_records, size.blocks, size.per_block
+    rps_seconds = size.rps_seconds
 
     result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -608,7 +650,7 @@ def main() -> None:
             # Requests per CPU second of the proxy process.
             result.update(forwarded_per_cpu_second(proxy, kafka.process.pid, 8, 1.0, rps_seconds))
     if not args.no_closed_loop:
-        result.update(closed_loop())
+        result.update(closed_loop(args.closed_loop_libraries, args.closed_loop_duration_s))
     record("proxy", result)
 
 

@@ -7,9 +7,9 @@ temporary directory (``QUOTASTREAM_BENCH_RESULTS``, ``bench/results.py``), never
 ``bench/results/``, and so do its temporary files (checkpoints, brokers' logs): the figures of
 such a run mean nothing. Spark's scripts take ``--smoke``, the others their size options.
 
-The proxy's benchmarks (``bench/proxy.py``, ``bench/proxy_closed_loop.py``) are left to the
-proxy's own work; any other script without a smoke run here fails
-:func:`test_every_benchmark_has_a_smoke_run`.
+``bench/proxy.py`` runs its closed loop (``bench/proxy_closed_loop.py``) with Kafka's Java
+clients alone, for a few seconds. A script without a smoke run here, and not said why in
+``NOT_HERE``, fails :func:`test_every_benchmark_has_a_smoke_run`.
 """
 
 from __future__ import annotations
@@ -59,11 +59,14 @@ WITH_SPARK: Final = {
         "--minutes 0.1 --rate 100 --active 10 --churn-s 3 --sample-s 2",
         ["summary", "samples"],
     ),
+    "proxy.py": (
+        "--smoke --closed-loop-libraries java --closed-loop-duration-s 3",
+        ["produce.ratio", "latency.added_p50_ms", "closed_loop.java.ratio"],
+    ),
 }
 #: Scripts with no smoke run here, and why.
 NOT_HERE: Final = {
-    "proxy.py": "the proxy's benchmark: its smoke run comes with the proxy's work",
-    "proxy_closed_loop.py": "the proxy's benchmark: its smoke run comes with the proxy's work",
+    "proxy_closed_loop.py": "proxy.py's smoke run runs its closed loop",
 }
 #: A smoke run that takes longer than this is stuck (they take 1-90 s on two busy cores).
 TIMEOUT_S: Final = 600
