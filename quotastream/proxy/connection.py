@@ -123,6 +123,8 @@ class Connection:
         self._in_flight: deque[_InFlight] = deque()
         self._muted_until = 0.0
         self._throttled = False
+        #: The next pending request has waited out a hold: it is forwarded when the mute ends.
+        self._waited_out = False
         self._wakeup: asyncio.TimerHandle | None = None
         self._reading = True
         self._broker_full = False
@@ -203,11 +205,18 @@ class Connection:
             frame = self._pending[0]
             try:
                 header = wire.read_request_header(frame[4:])
-                hold_ms = self._hold_ms(header)
+                # A request that waited out a hold goes on, even if another connection of the
+                # client has started a new hold meanwhile (each request is checked as it is
+                # forwarded): otherwise the connection whose wakeup comes first each time would
+                # renew the hold before the others' requests, and starve them (aiokafka's timed
+                # out after 40 s on one broker of three under a cluster-wide quota).
+                hold_ms = 0 if self._waited_out else self._hold_ms(header)
                 if hold_ms > 0:
                     self._throttled = True
+                    self._waited_out = True
                     self._mute(hold_ms)
                     continue
+                self._waited_out = False
                 self._pending.popleft()
                 self._forward(frame, header, batch)
             except Exception as error:

@@ -199,6 +199,8 @@ class Holds:
         #: Per decided entity: the bytes its window had room for when last measured, less those
         #: forwarded since (:meth:`record_forwarded`).
         self._headroom: dict[tuple[str, str], float] = {}
+        #: Per quota: its sample width, as of the last refresh (:meth:`_window_ms_of`).
+        self._window_ms: dict[str, int] = {}
         self._seen: dict[ClientKey, float] = {}
         self._wake = threading.Event()
         self._stopped = threading.Event()
@@ -299,9 +301,7 @@ class Holds:
         a client with a backlog (Kafka's Java producer buffers 32 MB) sends at wire speed until
         the next refresh, and is then held for seconds: held long and let through in bursts, where
         a broker holds it short and often."""
-        self.forwarded.record(
-            key, nbytes, now_ms, self._decisions.client.window_of(key[0]).window_ms
-        )
+        self.forwarded.record(key, nbytes, now_ms, self._window_ms_of(key[0]))
         decided = self._decided.get(key)
         if decided is None:
             return 0
@@ -311,6 +311,14 @@ class Holds:
         if headroom >= 0:
             return 0
         return self._measure(decision, keys, now_ms)
+
+    def _window_ms_of(self, quota: str) -> int:
+        """A quota's sample width under the configuration the last refresh followed (resolving
+        it costs a few microseconds, which each forwarded request would pay)."""
+        width = self._window_ms.get(quota)
+        if width is None:
+            width = self._window_ms[quota] = self._decisions.client.window_of(quota).window_ms
+        return width
 
     def _measure(self, decision: Decision, keys: tuple[ClientKey, ...], now_ms: int) -> int:
         """Measures the entity's window at ``now_ms``: holds each of its ``keys`` (never
@@ -368,6 +376,7 @@ class Holds:
             if key not in decided:
                 span_ms = self._decisions.client.window_of(key[0]).span_ms
                 self.forwarded.forget_until(key, self._wall_clock_ms() - span_ms)
+        self._window_ms = {}  # resolved again with the configuration just followed
         self._hold_for_forwarded(decided)
 
     def _hold_for_forwarded(self, decided: dict[ClientKey, Decision]) -> None:
