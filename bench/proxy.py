@@ -560,7 +560,8 @@ class Sizes:
             return megabytes * 1_000_000 // VALUE_BYTES
 
         if smoke:
-            return Sizes(1, records(5), records(5), records(1), 2, 10, 1.0)
+            # A fetch is timed from its first batch of up to 10,000 records: several of them.
+            return Sizes(1, records(10), records(30), records(1), 2, 10, 1.0)
         if quick:
             return Sizes(2, records(100), records(200), records(50), 6, 100, 4.0)
         return Sizes(5, records(150), records(300), records(50), 20, 200, 8.0)
