@@ -203,7 +203,10 @@ def test_a_reassignment_completes_within_the_throttle_the_actuator_set_and_leave
         assert nbytes <= THROTTLE * at + REPLICA_FETCH_MAX_BYTES, (at, nbytes)
     fetched = [(at, nbytes) for at, nbytes in samples if nbytes > 0]
     (first_at, first), (last_at, last) = fetched[0], fetched[-1]
-    assert (last - first) / (last_at - first_at) <= THROTTLE
+    # Bytes come a fetch (up to REPLICA_FETCH_MAX_BYTES) at a time, so between two samples the
+    # count may be one fetch ahead of the throttle: 407 kB/s over 9.8 s against 400 kB/s once,
+    # when a fetch had just landed before the last sample.
+    assert last - first <= THROTTLE * (last_at - first_at) + REPLICA_FETCH_MAX_BYTES
 
     until(lambda: throttle_configs(address, topic) == {}, 30, "every throttle removed")
     changes = "quotastream_actuator_changes_total"
