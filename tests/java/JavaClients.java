@@ -94,6 +94,8 @@ public class JavaClients {
         List<double[]> acks = java.util.Collections.synchronizedList(new ArrayList<>());
         AtomicLong acked = new AtomicLong();
         AtomicLong failed = new AtomicLong();
+        java.util.concurrent.atomic.AtomicReference<Exception> firstError =
+            new java.util.concurrent.atomic.AtomicReference<>();
         long sent = 0;
         try (KafkaProducer<byte[], byte[]> producer = producer(client)) {
             double due = now();
@@ -110,12 +112,20 @@ public class JavaClients {
                         acked.incrementAndGet();
                     } else {
                         failed.incrementAndGet();
+                        firstError.compareAndSet(null, error);
                     }
                 });
                 sent += 1;
                 due = Math.max(due + recordBytes / rate, now() - catchUp);
             }
             producer.flush();
+        }
+        if (failed.get() > 0) {
+            // Records the producer gave up on: an offer is measured by its acknowledgements, so
+            // the run must say it lost some rather than report a lower rate.
+            System.err.println(failed.get() + " of " + sent + " records failed, the first: "
+                + firstError.get());
+            System.exit(3);
         }
         synchronized (acks) {
             for (double[] ack : acks) {
