@@ -1,4 +1,5 @@
-"""The event contract (``docs/events.md``) and its one parser/validator.
+"""The engine's one parser/validator of the event contract (``docs/events.md``; its structs
+are :mod:`state.event_contract`'s, which the publishers build).
 
 Every path (``replay``, the streaming job) hands raw message payloads to :func:`parse_events`,
 which returns the accepted events as one columnar frame and every rejected event with a reason.
@@ -11,13 +12,11 @@ the accepted columns.
 
 from __future__ import annotations
 
-import base64
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from operator import attrgetter, methodcaller
-from typing import Annotated, Any, ClassVar, Final, Literal, NamedTuple, cast
+from typing import Any, ClassVar, NamedTuple, cast
 
 import msgspec
 import numpy as np
@@ -25,145 +24,19 @@ import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from msgspec import Meta
 
 from state.config import TOPIC_NAME
-
-
-class EventKind(StrEnum):
-    PRODUCE = "produce"
-    FETCH = "fetch"
-    REMOTE_COPY = "remote_copy"
-    REMOTE_FETCH = "remote_fetch"
-    REPLICATION = "replication"
-    REMOTE_SEGMENT = "remote_segment"
-    LEADER_EPOCHS = "leader_epochs"
-
-
-#: Events about what storage holds, not traffic in a window: no relative past bound.
-STORAGE_KINDS = (EventKind.REMOTE_SEGMENT.value, EventKind.LEADER_EPOCHS.value)
-
-
-class RejectReason(StrEnum):
-    """Why a payload was rejected; a small fixed set, so it can label a counter."""
-
-    TOO_LARGE = "too_large"
-    INVALID_UTF8 = "invalid_utf8"
-    INVALID_JSON = "invalid_json"
-    TOO_DEEP = "too_deep"
-    NOT_AN_OBJECT = "not_an_object"
-    UNKNOWN_KIND = "unknown_kind"
-    MISSING_FIELD = "missing_field"
-    WRONG_TYPE = "wrong_type"
-    INVALID_VALUE = "invalid_value"
-    NEGATIVE_BYTES = "negative_bytes"
-    TS_OUT_OF_BOUNDS = "ts_out_of_bounds"
-    INVALID_TOPIC = "invalid_topic"
-
-
-_INT64_MAX = 2**63 - 1
-Int64 = Annotated[int, Meta(ge=-(2**63), le=_INT64_MAX)]
-Count = Annotated[int, Meta(ge=1, le=_INT64_MAX)]
-BrokerId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
-Partition = Annotated[int, Meta(ge=0, le=2**31 - 1)]
-Offset = Annotated[int, Meta(ge=0, le=_INT64_MAX)]
-LeaderEpoch = Annotated[int, Meta(ge=0, le=2**31 - 1)]
-#: Leader epoch -> its first offset (Kafka's ``segmentLeaderEpochs`` / leader-epoch checkpoint).
-EpochOffsets = Annotated[dict[LeaderEpoch, Offset], Meta(min_length=1, max_length=10_000)]
-User = Annotated[str, Meta(min_length=1, max_length=1024)]
-ClientId = Annotated[str, Meta(max_length=1024)]
-Topic = Annotated[str, Meta(max_length=1024)]
-
-
-class _Event(msgspec.Struct, tag_field="kind", kw_only=True, gc=False):
-    ts: Int64
-    bytes: Int64
-    count: Count = 1
-
-
-class Produce(_Event, tag="produce", kw_only=True):
-    user: User
-    client_id: ClientId
-    broker: BrokerId
-
-
-class Fetch(Produce, tag="fetch", kw_only=True):
-    pass
-
-
-class RemoteCopy(_Event, tag="remote_copy", kw_only=True):
-    broker: BrokerId
-    topic: Topic
-    partition: Partition
-    client_id: ClientId | None = None
-
-
-class RemoteFetch(_Event, tag="remote_fetch", kw_only=True):
-    broker: BrokerId
-    topic: Topic
-    #: None: the topic's partitions together (a broker's per-topic counter).
-    partition: Partition | None = None
-    client_id: ClientId | None = None
-
-
-#: What a replication event names about the fetch, all or none.
-_REPLICA_FIELDS: Final = ("topic", "partition", "replica", "in_sync")
-
-
-class Replication(_Event, tag="replication", kw_only=True):
-    broker: BrokerId
-    role: Literal["leader", "follower"]
-    #: All four, or none: a broker-wide count (a broker's replication counters name no
-    #: partition, replica, throttle or ISR).
-    topic: Topic | None = None
-    partition: Partition | None = None
-    replica: BrokerId | None = None
-    in_sync: bool | None = None
-
-    def __post_init__(self) -> None:
-        missing = [name for name in _REPLICA_FIELDS if getattr(self, name) is None]
-        if missing and len(missing) < len(_REPLICA_FIELDS):
-            raise ValueError(
-                f"Object missing required field `{missing[0]}`: a replication event names its "
-                "topic, partition, replica and in_sync, or none of them (a broker-wide count)"
-            )
-
-
-class RemoteSegment(_Event, tag="remote_segment", kw_only=True):
-    broker: BrokerId
-    topic: Topic
-    partition: Partition
-    leader_epoch: LeaderEpoch  # the segment's last epoch
-    segment_id: Annotated[str, Meta(min_length=1, max_length=256)]
-    state: Literal["copy_finished", "delete_finished"]
-    #: Every epoch of the segment's records with its first offset (default: leader_epoch).
-    segment_leader_epochs: EpochOffsets | None = None
-    end_offset: Offset | None = None
-
-
-class LeaderEpochs(_Event, tag="leader_epochs", kw_only=True):
-    """A partition's leader-epoch lineage as its leader has it (KIP-852's retention needs it)."""
-
-    bytes: Int64 = 0
-    broker: BrokerId
-    topic: Topic
-    partition: Partition
-    epochs: EpochOffsets
-    log_end_offset: Offset
-
-
-_EVENT_TYPES: tuple[type[_Event], ...] = (
-    Produce,
-    Fetch,
-    RemoteCopy,
-    RemoteFetch,
-    Replication,
+from state.event_contract import (
+    EVENT_TYPES,
+    STORAGE_KINDS,
+    AnyEvent,
+    Event,
+    EventKind,
+    RejectReason,
     RemoteSegment,
-    LeaderEpochs,
 )
-_DECODER = msgspec.json.Decoder(
-    Produce | Fetch | RemoteCopy | RemoteFetch | Replication | RemoteSegment | LeaderEpochs
-)
+
+_DECODER = msgspec.json.Decoder(AnyEvent)
 
 #: Columns of an accepted-events frame, with the value that stands for "absent in this kind".
 EVENT_COLUMNS: dict[str, Any] = {
@@ -266,7 +139,7 @@ def parse_events(
     type_code = np.fromiter(map(_TYPE_CODE.__getitem__, map(type, results)), np.int8, len(results))
     by_type = {
         event_type: _pick(results, np.flatnonzero(type_code == code))
-        for code, event_type in enumerate(_EVENT_TYPES)
+        for code, event_type in enumerate(EVENT_TYPES)
     }
     rejected = []
     for number in np.flatnonzero(type_code == _REJECTED_CODE).tolist():
@@ -287,13 +160,13 @@ def parse_events(
     return ParsedEvents(accepted=accepted, rejected=rejected_frame)
 
 
-def _decoded(events: _Split) -> list[_Event | _Rejected]:
+def _decoded(events: _Split) -> list[Event | _Rejected]:
     """Every event decoded (or rejected): those still to decode are decoded here."""
     if events.undecided == len(events.results):
         # Every event still to decode: each is a message of its own, its bytes all there.
         return _decode_all(cast(list[bytes], events.payloads))
     if not events.undecided:  # every message was batched and decoded whole
-        return cast(list[_Event | _Rejected], events.results)
+        return cast(list[Event | _Rejected], events.results)
     undecided = [number for number, result in enumerate(events.results) if result is None]
     decoded = iter(_decode_all([events.payload(number) for number in undecided]))
     return [result if result is not None else next(decoded) for result in events.results]
@@ -306,7 +179,7 @@ class _Split:
     messages: Sequence[bytes]
     #: Per event: what decoding it gave (a whole batched message decodes at once), or None
     #: where it is still to be decoded from its bytes.
-    results: list[_Event | _Rejected | None]
+    results: list[Event | _Rejected | None]
     #: Per event: its bytes, where they were cut out (None: an element of a message that
     #: decoded whole; :meth:`payload` cuts it out when a dead letter needs it).
     payloads: list[bytes | None]
@@ -323,9 +196,7 @@ class _Split:
 
 
 _BATCHED = msgspec.json.Decoder(list[msgspec.Raw])
-_EVENTS = msgspec.json.Decoder(
-    list[Produce | Fetch | RemoteCopy | RemoteFetch | Replication | RemoteSegment | LeaderEpochs]
-)
+_EVENTS = msgspec.json.Decoder(list[AnyEvent])
 _JSON_WHITESPACE = b" \t\r\n"
 _STARTS_ARRAY = methodcaller("startswith", b"[")
 _STARTS_SPACED = methodcaller("startswith", tuple(bytes([char]) for char in _JSON_WHITESPACE))
@@ -379,7 +250,7 @@ class _Splitting:
 
     def __init__(self, payloads: Sequence[bytes]) -> None:
         self.payloads = payloads
-        self.results: list[_Event | _Rejected | None] = []
+        self.results: list[Event | _Rejected | None] = []
         self.events: list[bytes | None] = []
         # Per run of events: their messages' positions and their indexes in them.
         self.message: list[npt.NDArray[np.int64]] = []
@@ -398,7 +269,7 @@ class _Splitting:
         self._result(result, self.payloads[position])
         self._one_each(position, position + 1)
 
-    def decoded_whole(self, position: int, events: Sequence[_Event]) -> None:
+    def decoded_whole(self, position: int, events: Sequence[Event]) -> None:
         self.results.extend(events)
         self.events.extend([None] * len(events))
         self._elements_of(position, len(events))
@@ -490,18 +361,18 @@ def _rejection(error: Exception) -> _Rejected:
     return _Rejected(RejectReason.TOO_DEEP, "JSON is nested too deeply")
 
 
-_TYPE_CODE: dict[type, int] = {event_type: code for code, event_type in enumerate(_EVENT_TYPES)}
-_REJECTED_CODE = len(_EVENT_TYPES)
+_TYPE_CODE: dict[type, int] = {event_type: code for code, event_type in enumerate(EVENT_TYPES)}
+_REJECTED_CODE = len(EVENT_TYPES)
 _TYPE_CODE[_Rejected] = _REJECTED_CODE
 
 
-def _decode_all(payloads: Sequence[bytes]) -> list[_Event | _Rejected]:
+def _decode_all(payloads: Sequence[bytes]) -> list[Event | _Rejected]:
     """Decode every payload; a payload that fails becomes a :class:`_Rejected` in its place.
 
     ``list.extend(map(...))`` runs the decoder in a C loop; when one payload raises, the results
     before it are kept and decoding resumes after it.
     """
-    results: list[_Event | _Rejected] = []
+    results: list[Event | _Rejected] = []
     remaining = iter(payloads)
     while True:
         try:
@@ -517,28 +388,12 @@ def _decode_all(payloads: Sequence[bytes]) -> list[_Event | _Rejected]:
 @dataclass(frozen=True)
 class _OfKind:
     positions: npt.NDArray[np.int64]
-    events: list[_Event]
+    events: list[Event]
 
 
-def _pick(results: list[_Event | _Rejected], positions: npt.NDArray[np.intp]) -> _OfKind:
-    events: list[_Event] = list(map(results.__getitem__, positions.tolist()))  # type: ignore[arg-type]
+def _pick(results: list[Event | _Rejected], positions: npt.NDArray[np.intp]) -> _OfKind:
+    events: list[Event] = list(map(results.__getitem__, positions.tolist()))  # type: ignore[arg-type]
     return _OfKind(positions.astype(np.int64), events)
-
-
-def dead_letter_record(
-    reason: str, detail: str, payload: bytes, source: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """A rejected payload as the dead-letter sinks write it: the original text, or base64 where
-    it is not UTF-8; ``source``: where it was read (a Kafka record's ``topic``, ``partition``,
-    ``offset`` and ``index``, its place in a batched message or null)."""
-    record: dict[str, Any] = {"reason": reason, "detail": detail}
-    try:
-        record["payload"] = payload.decode("utf-8")
-    except UnicodeDecodeError:
-        record["payload_base64"] = base64.b64encode(payload).decode("ascii")
-    if source is not None:
-        record["source"] = dict(source)
-    return record
 
 
 def empty_events() -> pd.DataFrame:
@@ -576,7 +431,7 @@ _COLUMN_DTYPE: dict[str, Any] = {
 
 
 #: Columns filled from a field of another name.
-_FIELD_OF_COLUMN: dict[tuple[type[_Event], str], str] = {
+_FIELD_OF_COLUMN: dict[tuple[type[Event], str], str] = {
     (RemoteSegment, "epochs"): "segment_leader_epochs"
 }
 
@@ -585,7 +440,7 @@ def _sorted_pairs(epochs: dict[int, int]) -> tuple[tuple[int, int], ...]:
     return tuple(sorted(epochs.items()))
 
 
-def _columns(decoded: dict[type[_Event], _OfKind]) -> pd.DataFrame:
+def _columns(decoded: dict[type[Event], _OfKind]) -> pd.DataFrame:
     """Typed columns straight from the decoded structs, in payload order: each column starts
     as what stands for "absent" and each kind's values go straight to its events' rows (no
     per-kind arrays concatenated and reordered after)."""

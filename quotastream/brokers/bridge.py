@@ -48,7 +48,7 @@ from quotastream.brokers.remote_log_metadata import (
 from quotastream.brokers.segments import RefusedRecordError, SegmentLifecycle
 from quotastream.outage import Outage
 from quotastream.producer_close import close_producer
-from state.events import dead_letter_record
+from state.event_contract import dead_letter_record
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,8 @@ import numpy as np
 import pandas as pd
 
 from state.core import COMMON_COLUMNS, QUOTA_COLUMNS
-from state.events import EventBounds, dead_letter_record, parse_events
+from state.event_contract import dead_letter_record
+from state.events import EventBounds, parse_events
 from state.quota_types import QuotaType
 from state.shard import Shard
 

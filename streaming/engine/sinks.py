@@ -38,7 +38,7 @@ from quotastream.redis_contract import (
     timer_counts_value,
     timers_key,
 )
-from state.events import dead_letter_record
+from state.event_contract import dead_letter_record
 from state.live_config import ConfigVersions, LiveConfig
 from state.timer_stats import TimerStats
 from streaming.engine.batch_summary import SUMMARY_SCHEMA, BatchSummary, SummaryRequest
