@@ -37,7 +37,8 @@ from state.copy_fairness import (
 )
 from state.encoding import KeptRows, StateDecodeError, StoredTables, encode_tables
 from state.entities import broker_keys, client_keys
-from state.events import KIND_DTYPE, ROLE_DTYPE, EventKind
+from state.event_contract import EventKind
+from state.events import KIND_DTYPE, ROLE_DTYPE
 from state.quota_rules import per_broker
 from state.quota_types import CLIENT_QUOTA_TYPES, QuotaType
 from state.resolution import NO_LEVEL, ClientPairs, QuotaResolver, Sharing

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from state.events import EVENT_COLUMNS, EventBounds, RejectReason, parse_events
+from state.event_contract import RejectReason
+from state.events import EVENT_COLUMNS, EventBounds, parse_events
 from tests.conftest import ReplayRunner
 from tests.factories import BASE, fetch, produce, remote, remote_segment, replication
 

@@ -33,7 +33,8 @@ import pyarrow as pa
 from quotastream.redis_contract import remote_log_value
 from state.config import QuotaConfig
 from state.core import QuotaCore
-from state.events import STORAGE_KINDS, EventBounds, EventKind, parse_events
+from state.event_contract import STORAGE_KINDS, EventKind
+from state.events import EventBounds, parse_events
 from state.live_config import ConfigVersions, LiveConfig, decision_mode
 from state.quota_rules import is_exempt
 from state.quota_types import QuotaType
