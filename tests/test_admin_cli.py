@@ -25,7 +25,7 @@ from streaming.engine.config_log import ConfigLog
 from streaming.engine.sinks import SinkSettings, write_batches
 from streaming.engine.stages import DECISION_SCHEMA
 from streaming.services import LocalService, free_port
-from tests.factories import decision_row
+from tests.support.factories import decision_row
 
 QUOTAS: dict[str, Any] = {
     "clients": [

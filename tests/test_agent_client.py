@@ -38,7 +38,7 @@ from streaming.commands.exit_codes import EXIT_USAGE
 from streaming.engine.sinks import SinkSettings, write_batches
 from streaming.engine.stages import DECISION_SCHEMA
 from streaming.services import LocalService, start_redis
-from tests.factories import decision_row
+from tests.support.factories import decision_row
 from tests.test_redis_contract import CONFIG
 
 PREFIX = "agents"

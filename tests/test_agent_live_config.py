@@ -33,7 +33,7 @@ from streaming.engine.job import start_query
 from streaming.engine.sinks import SinkSettings, write_batches
 from streaming.engine.stages import DECISION_SCHEMA
 from streaming.services import LocalService
-from tests.factories import decision_row, produce
+from tests.support.factories import decision_row, produce
 from tests.test_admin_cli import write_settings
 from tests.test_agent_client import FakeClock
 from tests.test_streaming import SteadyTraffic, engine_settings

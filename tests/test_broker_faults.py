@@ -40,9 +40,9 @@ from streaming.engine.offsets import SourceOptions
 from streaming.engine.source_status import read_status
 from streaming.kafka_broker import KafkaCluster, KafkaNode, start_kafka
 from streaming.services import LocalService
-from tests.checkpoint import PlannedBatch, planned_batches
-from tests.factories import MIXED_QUOTAS, mixed_payloads, produce
 from tests.servers import wait_until_in_sync
+from tests.support.checkpoint import PlannedBatch, planned_batches
+from tests.support.factories import MIXED_QUOTAS, mixed_payloads, produce
 from tests.test_chaos import assert_matches_batch_recomputation, commits, engine_file, quotastream
 from tests.test_metrics import samples
 from tests.test_streaming import engine_settings, publish

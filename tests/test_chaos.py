@@ -46,8 +46,14 @@ from streaming.engine.shard_layout import ShardLayout
 from streaming.engine.source_records import KafkaRecords
 from streaming.engine.stages import DECISION, StageSettings, update_shard
 from streaming.services import LocalService
-from tests.checkpoint import PlannedBatch, committed_batches, planned_batches, states_written
-from tests.expected import (
+from tests.servers import start_spark_cluster
+from tests.support.checkpoint import (
+    PlannedBatch,
+    committed_batches,
+    planned_batches,
+    states_written,
+)
+from tests.support.expected import (
     assert_reads_as_unwritten,
     by_key,
     final_decisions,
@@ -56,9 +62,8 @@ from tests.expected import (
     replayed,
     window_state,
 )
-from tests.factories import MIXED_QUOTAS, mixed_payloads
-from tests.servers import start_spark_cluster
-from tests.stage_runs import shard_inputs
+from tests.support.factories import MIXED_QUOTAS, mixed_payloads
+from tests.support.stage_runs import shard_inputs
 
 KILLS = 10
 #: Every fourth kill lands while the driver starts: session, query start, first batch.

@@ -21,7 +21,7 @@ from streaming.commands.cli import main
 from streaming.commands.exit_codes import EXIT_FAILURE, EXIT_USAGE
 from streaming.services import LocalService
 from tests.conftest import ReplayRunner
-from tests.factories import BASE, fetch, produce, remote, replication
+from tests.support.factories import BASE, fetch, produce, remote, replication
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = {

@@ -12,7 +12,7 @@ from state.configfile import ConfigError
 from state.quota_types import QuotaType
 from streaming.commands.redaction import secrets_of
 from streaming.engine.settings import load_engine_settings
-from tests.certificates import make_certificates, make_client_certificate
+from tests.support.certificates import make_certificates, make_client_certificate
 
 REPO = Path(__file__).resolve().parent.parent
 

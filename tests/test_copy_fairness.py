@@ -30,8 +30,8 @@ from state.core import DECISION_COLUMNS, QUOTA_COLUMNS, QuotaCore
 from state.events import parse_events
 from state.quota_types import QuotaType, WindowRule
 from state.throttle import throttle_ms
-from tests.factories import BASE, produce, remote
-from tests.oracle import OracleWindow
+from tests.support.factories import BASE, produce, remote
+from tests.support.oracle import OracleWindow
 
 COPY_QUOTA = "remote.log.manager.copy.max.bytes.per.second"
 
@@ -188,7 +188,8 @@ def test_replay_prints_the_new_columns_for_remote_copy() -> None:
 # ---------------------------------------------------------------------------- invariants
 @dataclass
 class FairnessOracle:
-    """The rule one event at a time, on top of the literal Kafka windows of ``tests/oracle.py``."""
+    """The rule one event at a time, on top of the literal Kafka windows of
+    ``tests/support/oracle.py``."""
 
     limit: float
     samples: int

@@ -15,7 +15,7 @@ from state.core import RESOLVED_COLUMNS, QuotaCore
 from state.encoding import StateDecodeError, encode_tables
 from state.events import parse_events
 from state.quota_types import QuotaType
-from tests.factories import BASE, MIXED_QUOTAS, mixed_payloads, produce, remote
+from tests.support.factories import BASE, MIXED_QUOTAS, mixed_payloads, produce, remote
 
 CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
 DATA = Path(__file__).parent / "data"

@@ -34,7 +34,7 @@ from streaming.engine.source_records import BYTES_PER_CHUNK
 from streaming.engine.stages import StageSettings
 from streaming.kafka_broker import KafkaNode
 from streaming.services import LocalService
-from tests.factories import MIXED_QUOTAS
+from tests.support.factories import MIXED_QUOTAS
 
 #: What Spark's planning processes do with a registered source, in a fresh interpreter: unpickle
 #: the class (as Spark pickles it), build the source and its stream reader, ask the schema.

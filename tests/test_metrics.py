@@ -26,7 +26,7 @@ from streaming.engine.shard_layout import ShardLayout
 from streaming.engine.source_records import KafkaRecords
 from streaming.engine.stages import DECISION, DECISION_SCHEMA, StageSettings, update_shard
 from streaming.services import LocalService
-from tests.factories import (
+from tests.support.factories import (
     BASE,
     MIXED_QUOTAS,
     decision_row,
@@ -36,7 +36,7 @@ from tests.factories import (
     remote_segment,
     replication,
 )
-from tests.stage_runs import shard_inputs
+from tests.support.stage_runs import shard_inputs
 
 NOW = 1_700_000_000_000
 

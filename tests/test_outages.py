@@ -22,7 +22,7 @@ from streaming.engine.sinks import (
 )
 from streaming.engine.stages import DECISION_SCHEMA
 from streaming.services import LocalService, free_port, start_redis
-from tests.factories import decision_row
+from tests.support.factories import decision_row
 
 PASSWORD = "s3cret-engine-pass"
 

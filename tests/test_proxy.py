@@ -50,10 +50,10 @@ from streaming.kafka_broker import (
     start_kafka_cluster,
 )
 from streaming.services import LocalService, TlsFiles, free_ports
-from tests.certificates import make_certificates
 from tests.client_libraries import LIBRARIES, Access, Offer
 from tests.kafka_quotas import Exchange, QuotaClient, fetch_request, produce_request
 from tests.servers import wait_until_in_sync
+from tests.support.certificates import make_certificates
 from tests.test_broker_faults import wait_until_read
 from tests.test_proxy_holds import write_decision
 from tests.test_streaming import engine_settings, publish
@@ -331,7 +331,7 @@ def hold(
 def await_hold(proxy: RunningProxy, key: tuple[str, str, str, int]) -> None:
     """Until the proxy holds ``key``: a refresh pass (what its thread runs every refresh_ms)
     reads a decision from Redis; one made meanwhile by the thread may have read before it."""
-    holds = proxy.proxy.context.holds
+    holds = proxy.proxy.holds
     deadline = time.monotonic() + 5
     while holds.remaining_ms(key) == 0:
         assert time.monotonic() < deadline, f"the proxy never read the decision of {key}"
@@ -496,7 +496,7 @@ def decide_headroom(
 
 def await_decision(proxy: RunningProxy, key: tuple[str, str, str, int]) -> None:
     """Until the proxy measures ``key`` by its decision: a refresh pass reads it from Redis."""
-    holds = proxy.proxy.context.holds
+    holds = proxy.proxy.holds
     holds.remaining_ms(key)  # seen, as its first request would make it
     deadline = time.monotonic() + 5
     while holds.over_quota_with(key, 10**6) == 0:

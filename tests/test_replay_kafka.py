@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ReplayRunner
-from tests.factories import BASE, fetch, produce, remote, replication
+from tests.support.factories import BASE, fetch, produce, remote, replication
 
 DEFAULT = "<default>"
 

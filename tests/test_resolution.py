@@ -17,7 +17,7 @@ from state.events import parse_events
 from state.quota_rules import QuotaRules
 from state.quota_types import CLIENT_QUOTA_TYPES, QuotaType
 from state.resolution import ClientPairs, QuotaResolver, Sharing
-from tests.factories import BASE, produce
+from tests.support.factories import BASE, produce
 
 NAMES = ["alice", "bob", "carol"]
 CLIENTS = ["app1", "app2", ""]

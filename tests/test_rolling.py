@@ -15,7 +15,7 @@ from state.encoding import StateDecodeError, StoredTables, decode_tables, encode
 from state.quota_types import WindowRule
 from state.rolling import Measurement, RollingTable
 from state.window import Window, WindowSpec, spread_over, window_at
-from tests.oracle import KafkaRate, Measured, OracleWindow
+from tests.support.oracle import KafkaRate, Measured, OracleWindow
 
 BASE = 1_700_000_000_000  # epoch ms, a multiple of 1000
 KAFKA = WindowSpec(samples=11, window_ms=1000, rule=WindowRule.RATE)

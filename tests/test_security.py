@@ -74,9 +74,14 @@ from streaming.engine.settings import EngineSettings
 from streaming.engine.sinks import SinkSettings
 from streaming.kafka_broker import KafkaNode, ScramUser, Security, start_kafka
 from streaming.services import LocalService, TlsFiles, start_redis
-from tests.certificates import make_certificates, make_client_certificate
-from tests.expected import assert_reads_as_unwritten, by_key, final_decisions, must_be_written
-from tests.factories import mixed_payloads
+from tests.support.certificates import make_certificates, make_client_certificate
+from tests.support.expected import (
+    assert_reads_as_unwritten,
+    by_key,
+    final_decisions,
+    must_be_written,
+)
+from tests.support.factories import mixed_payloads
 from tests.test_chaos import batches_needed, commits, engine_file, quotastream, stored_decisions
 
 #: The servers' own password (the Redis admin's, the Kafka admin's SCRAM password and client

@@ -30,8 +30,8 @@ from state.written_decisions import WritePolicy
 from streaming.engine.shard_layout import ShardLayout
 from streaming.engine.source_records import KafkaRecords
 from streaming.engine.stages import StageSettings, update_shard
-from tests.factories import BASE, produce
-from tests.stage_runs import shard_inputs
+from tests.support.factories import BASE, produce
+from tests.support.stage_runs import shard_inputs
 
 GENERATIONS = 14
 BATCHES_PER_GENERATION = 2

@@ -41,9 +41,9 @@ from streaming.engine.stages import (
     unpacked,
     update_shard,
 )
-from tests.expected import final_decisions
-from tests.factories import BASE, MIXED_QUOTAS, mixed_payloads, produce, remote_segment
-from tests.stage_runs import packs_by_shard, shard_inputs
+from tests.support.expected import final_decisions
+from tests.support.factories import BASE, MIXED_QUOTAS, mixed_payloads, produce, remote_segment
+from tests.support.stage_runs import packs_by_shard, shard_inputs
 
 CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
 SETTINGS = StageSettings(CONFIG, EventBounds(), 65_536)

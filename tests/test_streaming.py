@@ -41,9 +41,14 @@ from streaming.engine.settings import EngineSettings
 from streaming.engine.source_status import read_status
 from streaming.kafka_broker import KafkaCluster
 from streaming.services import LocalService, start_redis
-from tests.checkpoint import planned_batches
-from tests.expected import assert_reads_as_unwritten, by_key, final_decisions, must_be_written
-from tests.factories import (
+from tests.support.checkpoint import planned_batches
+from tests.support.expected import (
+    assert_reads_as_unwritten,
+    by_key,
+    final_decisions,
+    must_be_written,
+)
+from tests.support.factories import (
     BASE,
     MIXED_QUOTAS,
     malformed_payloads,

@@ -21,7 +21,7 @@ from state.events import EventBounds, parse_events
 from streaming.commands.cli import main
 from streaming.commands.exit_codes import EXIT_OK, EXIT_USAGE
 from streaming.commands.whatif import compare, figure, trace
-from tests.factories import BASE, MIXED_QUOTAS, mixed_payloads, produce
+from tests.support.factories import BASE, MIXED_QUOTAS, mixed_payloads, produce
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 REPO = Path(__file__).resolve().parent.parent

@@ -1,0 +1,1 @@
+"""Helpers shared by the test files: each imported from here, none from a test file."""
