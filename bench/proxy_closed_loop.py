@@ -85,6 +85,13 @@ def achieved(acks: Acks, duration_s: float, after_s: float = 0.0) -> float:
     return sum(n for at, n in acks if at >= start) / max(last - start, duration_s - after_s)
 
 
+def longest_gap_s(acks: Acks) -> float:
+    """The longest time between two acknowledgements (or received records): how long a client
+    was held at once, or stalled."""
+    times = sorted(at for at, _ in acks)
+    return max((later - earlier for earlier, later in zip(times, times[1:])), default=0.0)
+
+
 def set_kafka_quotas(address: str, client_ids: list[str], per_broker: int) -> None:
     """Kafka's own produce and fetch quota of ``per_broker`` for each client-id, applied by
     every broker before it returns."""
@@ -158,6 +165,8 @@ def figures(
         f"{prefix}.kafka_ratio": round(kafka_rate / QUOTA_BYTES_PER_S, 3),
         f"{prefix}.kafka_whole_run_bytes_per_s": round(achieved(under_kafka, duration_s)),
         f"{prefix}.vs_kafka": round(rate / kafka_rate, 3) if kafka_rate else None,
+        f"{prefix}.longest_gap_s": round(longest_gap_s(through_proxy), 3),
+        f"{prefix}.kafka_longest_gap_s": round(longest_gap_s(under_kafka), 3),
     }
 
 

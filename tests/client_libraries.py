@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -492,6 +493,8 @@ class JavaClients:
         )
         if done.returncode != 0:
             raise RuntimeError(f"Kafka's Java client ({mode}) failed: {done.stderr[-3000:]}")
+        if done.stderr:
+            sys.stderr.write(f"Kafka's Java client ({mode}, {client_id}): {done.stderr}")
         return done.stdout
 
     @staticmethod

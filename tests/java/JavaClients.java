@@ -119,6 +119,7 @@ public class JavaClients {
                 due = Math.max(due + recordBytes / rate, now() - catchUp);
             }
             producer.flush();
+            report(producer.metrics());
         }
         if (failed.get() > 0) {
             // Records the producer gave up on: an offer is measured by its acknowledgements, so
@@ -132,6 +133,25 @@ public class JavaClients {
                 out.append(ack[0]).append(' ').append((long) ack[1]).append('\n');
             }
         }
+    }
+
+    // What explains a run's rate after the fact (retries, time-outs, reconnections, the longest
+    // wait for a response and the throttles the responses carried), on stderr, which the harness
+    // passes on.
+    static final List<String> REPORTED = List.of(
+        "request-latency-max", "produce-throttle-time-max", "produce-throttle-time-avg",
+        "record-retry-total", "record-error-total", "connection-close-total",
+        "record-queue-time-max", "requests-in-flight", "bufferpool-wait-time-ns-total");
+
+    static void report(java.util.Map<org.apache.kafka.common.MetricName,
+            ? extends org.apache.kafka.common.Metric> metrics) {
+        StringBuilder line = new StringBuilder("producer-metrics");
+        metrics.forEach((name, metric) -> {
+            if (name.group().equals("producer-metrics") && REPORTED.contains(name.name())) {
+                line.append(' ').append(name.name()).append('=').append(metric.metricValue());
+            }
+        });
+        System.err.println(line);
     }
 
     // client_libraries.Offer.read_pace: never more than a second behind the offered rate.
