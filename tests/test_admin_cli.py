@@ -25,23 +25,8 @@ from streaming.engine.config_log import ConfigLog
 from streaming.engine.sinks import SinkSettings, write_batches
 from streaming.engine.stages import DECISION_SCHEMA
 from streaming.services import LocalService, free_port
+from tests.support.admin import write_settings
 from tests.support.factories import decision_row
-
-QUOTAS: dict[str, Any] = {
-    "clients": [
-        {"user": "<default>", "producer_byte_rate": 2000, "consumer_byte_rate": 3000},
-        {"user": "alice", "client_id": "<default>", "producer_byte_rate": 300},
-        {"user": "mirror", "exempt": True},
-        {"user": "mirror", "client_id": "special", "producer_byte_rate": 700},
-    ],
-    "brokers": {
-        "<default>": {
-            "remote.log.manager.copy.max.bytes.per.second": 4000,
-            "leader.replication.throttled.rate": 1500,
-        },
-        3: {"remote.log.manager.copy.max.bytes.per.second": 900},
-    },
-}
 
 
 @dataclass
@@ -76,31 +61,6 @@ class _Cli:
         code = main([*argv, "--engine-config", str(self.engine)])
         captured = self.capsys.readouterr()
         return Result(code, captured.out, captured.err)
-
-
-def write_settings(
-    tmp_path: Path,
-    bootstrap: str,
-    redis_address: tuple[str, int],
-    topic: str | None,
-    quotas: dict[str, Any] | None = None,
-    **extra: Any,
-) -> tuple[Path, Path]:
-    quotas_path = tmp_path / "quotas.yaml"
-    quotas_path.write_text(yaml.safe_dump(QUOTAS if quotas is None else quotas))
-    engine = tmp_path / "engine.yaml"
-    settings: dict[str, Any] = {
-        "quotas": str(quotas_path),
-        "kafka": {"bootstrap_servers": bootstrap, "config_topic": topic, **extra.pop("kafka", {})},
-        "redis": {
-            "host": redis_address[0],
-            "port": redis_address[1],
-            "key_prefix": topic or "qs",
-            **extra.pop("redis", {}),
-        },
-    }
-    engine.write_text(yaml.safe_dump(settings))
-    return engine, quotas_path
 
 
 def new_environment(

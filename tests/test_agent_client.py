@@ -17,13 +17,7 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
-from quotastream import (
-    CachedQuotaClient,
-    CacheSettings,
-    FailurePolicy,
-    QuotaClient,
-    Source,
-)
+from quotastream import CachedQuotaClient, CacheSettings, FailurePolicy, QuotaClient, Source
 from quotastream.acl import (
     AGENT_USER,
     ENGINE_USER,
@@ -38,24 +32,11 @@ from streaming.commands.exit_codes import EXIT_USAGE
 from streaming.engine.sinks import SinkSettings, write_batches
 from streaming.engine.stages import DECISION_SCHEMA
 from streaming.services import LocalService, start_redis
+from tests.support.agents import CONFIG, FakeClock
 from tests.support.factories import decision_row
-from tests.test_redis_contract import CONFIG
 
 PREFIX = "agents"
 ENTITY = "user=alice,broker=1"
-
-
-class FakeClock:
-    """Monotonic seconds that move only when a test says so."""
-
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance_ms(self, ms: int) -> None:
-        self.now += ms / 1000
 
 
 def write(

@@ -33,11 +33,11 @@ from streaming.engine.job import start_query
 from streaming.engine.sinks import SinkSettings, write_batches
 from streaming.engine.stages import DECISION_SCHEMA
 from streaming.services import LocalService
+from tests.support.admin import write_settings
+from tests.support.agents import FakeClock
+from tests.support.engine import SteadyTraffic, engine_settings
+from tests.support.engine import publish as publish_events
 from tests.support.factories import decision_row, produce
-from tests.test_admin_cli import write_settings
-from tests.test_agent_client import FakeClock
-from tests.test_streaming import SteadyTraffic, engine_settings
-from tests.test_streaming import publish as publish_events
 
 #: alice's clients share one counter (a user quota) in the static file.
 STATIC = parse_quota_config(

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import pytest
 from kafka import KafkaProducer
@@ -42,35 +42,14 @@ from streaming.kafka_broker import KafkaCluster, KafkaNode, start_kafka
 from streaming.services import LocalService
 from tests.servers import wait_until_in_sync
 from tests.support.checkpoint import PlannedBatch, planned_batches
+from tests.support.engine import commits, engine_file, engine_settings, publish, quotastream
 from tests.support.factories import MIXED_QUOTAS, mixed_payloads, produce
-from tests.test_chaos import assert_matches_batch_recomputation, commits, engine_file, quotastream
-from tests.test_metrics import samples
-from tests.test_streaming import engine_settings, publish
+from tests.support.prometheus import samples
+from tests.support.queries import assert_matches_batch_recomputation, read_offsets, wait_until_read
 
 CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
 #: Partitions of the topics the tests publish to (``tests.test_streaming.publish``'s default).
 PARTITIONS = 3
-
-
-def read_offsets(query: StreamingQuery, topic: str) -> int:
-    """Records of ``topic`` the query has read, by its last progress (0 before one)."""
-    progress = query.lastProgress
-    return read_offsets_of(progress, topic) if progress else 0
-
-
-def read_offsets_of(progress: dict[str, Any], topic: str) -> int:
-    """Records of ``topic`` read by the end of one micro-batch."""
-    end: Any = progress["sources"][0]["endOffset"]
-    offsets = json.loads(end) if isinstance(end, str) else end
-    return sum(int(offset) for offset in (offsets or {}).get(topic, {}).values())
-
-
-def wait_until_read(query: StreamingQuery, topic: str, count: int, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while read_offsets(query, topic) < count:
-        assert query.isActive, query.exception()
-        assert time.monotonic() < deadline, f"read {read_offsets(query, topic)} of {count}"
-        time.sleep(0.2)
 
 
 def restarted_empty(broker: LocalService) -> KafkaNode:

@@ -22,7 +22,7 @@ from streaming.engine.settings import EngineSettings
 from streaming.kafka_broker import KafkaCluster, KafkaNode
 from streaming.services import LocalService
 from tests.servers import broker_metric, topic_records, until, wait_until_in_sync
-from tests.test_streaming import engine_settings
+from tests.support.engine import engine_settings
 
 COUNT = "kafka_server_BrokerTopicMetrics_Count"
 TIERED = {"remote.storage.enable": "true", "segment.ms": "1000", "local.retention.ms": "1000"}

@@ -11,33 +11,24 @@ and how much input no batch had planned yet.
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pyarrow.compute as pc
-import pytest
 import redis
-import yaml
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 from pyspark.sql import SparkSession
 
-from quotastream.client import decision_keys
 from quotastream.redis_contract import decision_key
 from state.config import QuotaConfig, load_quota_config
-from state.core import QuotaCore
-from state.events import parse_events
-from state.live_config import Mode
 from state.shard import ShardState
 from streaming.engine.decision_values import decision_values
 from streaming.engine.offsets import layout_of
@@ -53,16 +44,9 @@ from tests.support.checkpoint import (
     planned_batches,
     states_written,
 )
-from tests.support.expected import (
-    assert_reads_as_unwritten,
-    by_key,
-    final_decisions,
-    mode_of,
-    must_be_written,
-    replayed,
-    window_state,
-)
-from tests.support.factories import MIXED_QUOTAS, mixed_payloads
+from tests.support.engine import batches_needed, commits, engine_file, quotastream, stored_decisions
+from tests.support.factories import mixed_payloads
+from tests.support.queries import assert_matches_batch_recomputation
 from tests.support.stage_runs import shard_inputs
 
 KILLS = 10
@@ -73,42 +57,6 @@ SEED = int(os.environ.get("QUOTASTREAM_CHAOS_SEED", "20261122"))
 PHASES = ("planning", "state", "Redis writes", "commit")
 #: How often the test looks at the checkpoint and Redis while it waits to kill.
 LOOK_EVERY_S = 0.01
-
-
-def engine_file(
-    tmp_path: Path,
-    topic: str,
-    bootstrap_servers: str,
-    redis_settings: dict[str, Any],
-    kafka: dict[str, Any] | None = None,
-    spark: dict[str, Any] | None = None,
-    metrics: dict[str, Any] | None = None,
-) -> Path:
-    """An engine file reading ``topic`` from the start, with the mixed test quotas."""
-    quotas = tmp_path / "quotas.yaml"
-    quotas.write_text(yaml.safe_dump(MIXED_QUOTAS))
-    engine = tmp_path / "engine.yaml"
-    engine.write_text(
-        yaml.safe_dump(
-            {
-                "quotas": str(quotas),
-                # The events carry fixed timestamps from 2023: no bounds relative to the clock.
-                "events": {"max_past_ms": None, "max_future_ms": None},
-                "kafka": {
-                    "bootstrap_servers": bootstrap_servers,
-                    "topics": [topic],
-                    "starting_offsets": "earliest",
-                    "config_topic": f"{topic}.config",
-                    "dead_letter_topic": f"{topic}.dead-letter",
-                    **(kafka or {}),
-                },
-                "redis": redis_settings,
-                "spark": {"checkpoint": str(tmp_path / "checkpoint"), "shards": 4, **(spark or {})},
-                "metrics": metrics or {"enabled": False},
-            }
-        )
-    )
-    return engine
 
 
 def chaos_engine_file(
@@ -147,15 +95,6 @@ def publish(kafka: LocalService, topic: str, values: list[bytes]) -> list[tuple[
     producer.flush()
     producer.close()
     return [(future.value.partition, future.value.offset) for future in sent]
-
-
-def quotastream(*args: str) -> list[str]:
-    return [str(Path(sys.executable).with_name("quotastream")), *args]
-
-
-def commits(checkpoint: Path) -> int:
-    """Micro-batches committed (the checkpoint's commit log)."""
-    return len(committed_batches(checkpoint))
 
 
 def session(leader: int) -> set[int]:
@@ -407,95 +346,6 @@ def run_with_kills(
     return kills
 
 
-def checkpoint_cores(spark: SparkSession, checkpoint: Path, config: QuotaConfig) -> list[QuotaCore]:
-    """Each shard's rolling windows as the checkpoint holds them (Spark's state reader)."""
-    rows = spark.read.format("statestore").load(str(checkpoint)).collect()
-    return [QuotaCore.restore(config, bytes(row["value"]["groupState"]["tables"])) for row in rows]
-
-
-def stored_decisions(client: redis.Redis, prefix: str) -> dict[str, dict[str, Any]]:
-    stored: dict[str, dict[str, Any]] = {}
-    for raw_key in decision_keys(client, prefix):
-        raw = client.get(raw_key)
-        assert isinstance(raw, bytes)
-        stored[raw_key.decode()] = json.loads(raw)
-    return stored
-
-
-#: Decision fields that depend on where the micro-batches split and when they ran: the newest
-#: event time of the entity in the last batch that had its events, that plus the throttle, and
-#: that batch's time (a throttle from 2023 is over when decided, so released at once).
-BATCH_DEPENDENT = ("decided_at", "until", "released_at")
-
-
-def assert_matches_batch_recomputation(
-    spark: SparkSession,
-    checkpoint: Path,
-    redis_server: LocalService,
-    prefix: str,
-    values: list[bytes],
-    config: QuotaConfig,
-) -> None:
-    """Windows and decisions equal the replay core's over the same events in one batch: every
-    field of every decision that the batch split leaves alone; the others are checked to be
-    one of the entity's event times, and one of the checkpoint's batch times."""
-    core, decided = replayed(values, config)
-    expected_windows = window_state([core])
-    windows = window_state(checkpoint_cores(spark, checkpoint, config))
-    assert windows == expected_windows
-    # Every event lies within the final windows: each client byte is there exactly once.
-    events = parse_events(values).accepted
-    for kind in ("produce", "fetch"):
-        kept = sum(
-            nbytes
-            for (table, _), (_, samples) in windows.items()
-            if table == kind
-            for nbytes, _ in samples.values()
-        )
-        assert kept == events.loc[events["kind"] == kind, "bytes"].sum() > 0
-
-    event_times: dict[str, set[int]] = {}
-    entities = zip(decided["quota"], decided["entity"], decided["partition_key"], strict=True)
-    for (quota, entity, partition), ts in zip(entities, decided["ts"].tolist(), strict=True):
-        # A remote copy decides for its broker and for its partition (the fair wait).
-        for decided_for in (entity, partition):
-            if not pd.isna(decided_for):
-                key = decision_key(prefix, str(quota), str(decided_for))
-                event_times.setdefault(key, set()).add(ts)
-    batch_times = {batch.timestamp_ms for batch in planned_batches(checkpoint)}
-    expected = {
-        decision_key(prefix, quota, entity): row
-        for (quota, entity), row in by_key(final_decisions(values, config)).items()
-    }
-    stored = stored_decisions(redis.Redis(host=redis_server.host, port=redis_server.port), prefix)
-    assert stored.keys() <= expected.keys()
-    # Redis holds what an agent acts on (docs/redis.md): these, and keys that read as the rest.
-    assert sum(map(must_be_written, expected.values())) > len(expected) / 2
-    for key, want in expected.items():
-        mode = mode_of(want, config)
-        if not must_be_written(want):
-            assert_reads_as_unwritten(stored.get(key), want, config)
-            continue
-        got = stored[key]
-        assert {field: got[field] for field in got if field not in BATCH_DEPENDENT} == {
-            "quota": want["quota"],
-            "entity": want["entity"],
-            "throttle_ms": want["throttle_ms"],
-            "rate": pytest.approx(want["rate"]),
-            "limit": None if math.isnan(want["limit"]) else want["limit"],
-            "exceeded": want["exceeded"],
-            "window_ms": want["window_ms"],
-            "enforced": mode is Mode.ENFORCED,
-            "mode": mode.value,
-            "config_version": 0,  # the configuration file's: these tests never change it
-        }, key
-        assert got["decided_at"] in event_times[key], key
-        assert got["until"] == got["decided_at"] + got["throttle_ms"], key
-        released = got["released_at"]
-        assert (released is not None) == (got["throttle_ms"] > 0 and got["enforced"]), key
-        assert released is None or released in batch_times, key
-
-
 def test_ten_sigkills_of_the_driver_lose_nothing_and_count_nothing_twice(
     spark: SparkSession, kafka: LocalService, redis_server: LocalService, tmp_path: Path
 ) -> None:
@@ -544,14 +394,6 @@ def test_ten_sigkills_of_the_driver_lose_nothing_and_count_nothing_twice(
     # Some kill found the state of a batch written and not committed: the restart ran it again
     # from the state of the last committed batch.
     assert any(where.states[0] > 0 for where in landed), report
-
-
-def batches_needed(checkpoint: Path, topic: str, records: int) -> int | None:
-    """The id of the micro-batch that reads up to ``records`` records of ``topic`` (planned)."""
-    for batch in planned_batches(checkpoint):
-        if batch.read_of(topic) >= records:
-            return batch.batch_id
-    return None
 
 
 def test_a_standalone_cluster_loses_a_worker_mid_stream_and_loses_no_byte(

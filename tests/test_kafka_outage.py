@@ -30,8 +30,8 @@ from streaming.engine.sinks import SinkSettings, send_dead_letters
 from streaming.engine.source_status import read_status
 from streaming.kafka_broker import start_kafka
 from streaming.services import LocalService
-from tests.test_kafka_source import Checkpoint, new_topic, produce, read_all, reader
-from tests.test_metrics import samples
+from tests.support.kafka_source import Checkpoint, new_topic, produce, read_all, reader
+from tests.support.prometheus import samples
 
 FAST = {"kafkaConsumer.pollTimeoutMs": "300", "startingOffsets": "earliest"}
 OUTAGE_LOGGER = "streaming.engine.kafka_clients"

@@ -26,8 +26,8 @@ from state.config import parse_quota_config
 from state.events import EventBounds
 from streaming.commands.run import failure_line
 from streaming.engine.kafka_clients import end_offsets, new_consumer
-from streaming.engine.kafka_source import DataLossError, KafkaStreamReader, engine_source
-from streaming.engine.offsets import LAYOUT_KEY, SourceOptions, layout_of
+from streaming.engine.kafka_source import DataLossError, engine_source
+from streaming.engine.offsets import LAYOUT_KEY, layout_of
 from streaming.engine.shard_layout import ShardLayout
 from streaming.engine.source_process import RUNNER_MODULE
 from streaming.engine.source_records import BYTES_PER_CHUNK
@@ -35,6 +35,7 @@ from streaming.engine.stages import StageSettings
 from streaming.kafka_broker import KafkaNode
 from streaming.services import LocalService
 from tests.support.factories import MIXED_QUOTAS
+from tests.support.kafka_source import new_topic, produce, read_all, reader
 
 #: What Spark's planning processes do with a registered source, in a fresh interpreter: unpickle
 #: the class (as Spark pickles it), build the source and its stream reader, ask the schema.
@@ -72,49 +73,8 @@ def broker(kafka: KafkaNode) -> KafkaNode:
     return kafka
 
 
-def new_topic(broker: LocalService, partitions: int, name: str | None = None) -> str:
-    """A topic of ``partitions`` partitions: ``name``, or a new name."""
-    name = name or f"events-{uuid.uuid4().hex[:8]}"
-    admin = KafkaAdminClient(bootstrap_servers=broker.address)
-    admin.create_topics([NewTopic(name, partitions, 1)])
-    admin.close()
-    return name
-
-
-def produce(broker: LocalService, topic: str, count: int, partitions: int, first: int = 0) -> None:
-    producer = KafkaProducer(bootstrap_servers=broker.address, linger_ms=20)
-    for i in range(first, first + count):
-        producer.send(topic, str(i).encode(), partition=i % partitions)
-    producer.flush()
-    producer.close()
-
-
-def reader(broker: LocalService, topic: str, **options: str) -> KafkaStreamReader:
-    return KafkaStreamReader(
-        SourceOptions.parse(
-            {"kafka.bootstrap.servers": broker.address, "subscribe": topic, **options}
-        )
-    )
-
-
-Checkpoint = dict[str, dict[str, int]]
 #: The layout a new checkpoint pins when the options name none.
 NEW_LAYOUT = {LAYOUT_KEY: {"shards": 1, "tasks": 1}}
-
-
-def read_all(
-    source: KafkaStreamReader, start: Checkpoint, end: Checkpoint
-) -> list[tuple[int, int, bytes]]:
-    """Reads every planned partition in a copy of the reader, as a Spark worker would."""
-    worker = pickle.loads(pickle.dumps(source))
-    rows: list[tuple[int, int, bytes]] = []
-    for partition in source.partitions(start, end):
-        for records in worker.records(partition.value):
-            rows += (
-                (records.partition, offset, value)
-                for offset, value in zip(records.offsets, records.values, strict=True)
-            )
-    return rows
 
 
 def reported_ends(broker: LocalService, topic: str, partitions: int) -> dict[TopicPartition, int]:

@@ -26,6 +26,7 @@ from streaming.engine.shard_layout import ShardLayout
 from streaming.engine.source_records import KafkaRecords
 from streaming.engine.stages import DECISION, DECISION_SCHEMA, StageSettings, update_shard
 from streaming.services import LocalService
+from tests.support.engine import publish
 from tests.support.factories import (
     BASE,
     MIXED_QUOTAS,
@@ -36,6 +37,7 @@ from tests.support.factories import (
     remote_segment,
     replication,
 )
+from tests.support.prometheus import samples
 from tests.support.stage_runs import shard_inputs
 
 NOW = 1_700_000_000_000
@@ -67,16 +69,6 @@ def decision(
         mode=mode,
         released_at=released_at,
     )
-
-
-def samples(text: str, name: str) -> dict[str, float]:
-    """``{labels: value}`` of one metric in the exposition text."""
-    found = {}
-    for line in text.splitlines():
-        match = re.fullmatch(rf"{name}(\{{.*\}})? (\S+)", line)
-        if match:
-            found[match.group(1) or ""] = float(match.group(2))
-    return found
 
 
 def labels_of(key: str) -> dict[str, str]:
@@ -377,8 +369,6 @@ def test_the_input_backlog_is_end_offsets_asked_of_kafka_minus_the_offsets_read(
 ) -> None:
     """Against a real broker: what Kafka holds beyond the last progress's offsets. Before any
     progress the backlog is unknown (absent), not 0: a stalled first batch is not an idle one."""
-    from tests.test_streaming import publish  # noqa: PLC0415 (it imports this module)
-
     topic = f"backlog-{uuid.uuid4().hex[:8]}"
     publish(kafka, topic, [b"{}"] * 10, partitions=2)
     ends = KafkaEnds(kafka.address, {}, [topic])

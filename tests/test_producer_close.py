@@ -21,7 +21,7 @@ from state.config import load_quota_config
 from streaming.commands.proxy import RunningProxy
 from streaming.kafka_broker import KafkaNode
 from streaming.services import LocalService
-from tests.test_proxy import QUOTAS, await_hold, create_topic, hold, proxy_settings
+from tests.support.proxy import QUOTAS, await_hold, create_topic, hold, proxy_settings
 
 #: Far longer than the test: the held record can only end by the close dropping it.
 HOLD_MS = 600_000

@@ -33,8 +33,8 @@ from streaming.engine.metric_names import (
 )
 from streaming.engine.settings import EngineSettings
 from streaming.services import LocalService, free_port
+from tests.support.engine import SteadyTraffic, engine_settings, publish
 from tests.support.factories import produce
-from tests.test_streaming import SteadyTraffic, engine_settings, publish
 
 # The test command's bootstrap installs it (Debian package prometheus); missing is a failure.
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"

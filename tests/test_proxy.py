@@ -27,7 +27,6 @@ from typing import Any
 import msgspec
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
-from kafka.admin import NewTopic
 from kafka.errors import KafkaError
 from pyspark.sql import SparkSession
 
@@ -36,8 +35,6 @@ from quotastream.proxy import wire
 from quotastream.proxy.usage import INSTANCE_HEADER
 from quotastream.redis_contract import Decision
 from state.config import QuotaConfig, load_quota_config
-from state.quota_types import QuotaType
-from state.window import window_spec
 from streaming.commands.proxy import RunningProxy
 from streaming.engine.job import start_query
 from streaming.engine.settings import EngineSettings
@@ -49,56 +46,21 @@ from streaming.kafka_broker import (
     start_kafka,
     start_kafka_cluster,
 )
-from streaming.services import LocalService, TlsFiles, free_ports
+from streaming.services import LocalService, TlsFiles
 from tests.client_libraries import LIBRARIES, Access, Offer
 from tests.kafka_quotas import Exchange, QuotaClient, fetch_request, produce_request
-from tests.servers import wait_until_in_sync
 from tests.support.certificates import make_certificates
-from tests.test_broker_faults import wait_until_read
-from tests.test_proxy_holds import write_decision
-from tests.test_streaming import engine_settings, publish
-
-QUOTAS = Path(__file__).resolve().parents[1] / "conf" / "quotas.yaml"
-INSTANCE = "proxy-under-test"
-
-
-def proxy_settings(
-    upstream: str,
-    events_kafka: str,
-    redis_server: LocalService,
-    events: str,
-    *,
-    upstream_client: dict[str, str] | None = None,
-    **proxy: Any,
-) -> EngineSettings:
-    """Settings of a proxy in front of ``upstream`` publishing to ``events`` on ``events_kafka``;
-    its ports are free ones (node id N on ``first + 1 + N``)."""
-    first = free_ports(5)
-    return EngineSettings.model_validate(
-        {
-            "quotas": str(QUOTAS),
-            "kafka": {"bootstrap_servers": events_kafka, "topics": [events]},
-            "redis": {"host": redis_server.host, "port": redis_server.port, "key_prefix": events},
-            "proxy": {
-                "bootstrap_port": first,
-                "node_port_base": first + 1,
-                "upstream": {"bootstrap_servers": upstream, "client": upstream_client or {}},
-                "flush_interval_ms": 100,
-                "instance": INSTANCE,
-                "metrics": {"enabled": False},
-                **proxy,
-            },
-        }
-    )
-
-
-def create_topic(address: str, topic: str, partitions: int = 3, **client: Any) -> None:
-    admin = KafkaAdminClient(bootstrap_servers=address, **client)
-    try:
-        admin.create_topics([NewTopic(topic, partitions, 1)])
-    finally:
-        admin.close()
-    wait_until_in_sync(address, [topic], **client)
+from tests.support.engine import engine_settings, publish
+from tests.support.proxy import (
+    INSTANCE,
+    QUOTAS,
+    await_hold,
+    create_topic,
+    hold,
+    proxy_settings,
+    write_decision,
+)
+from tests.support.queries import wait_until_read
 
 
 def published_usage(address: str, topic: str) -> list[dict[str, Any]]:
@@ -300,42 +262,6 @@ def test_a_client_library_logs_in_with_scram_over_tls_the_proxy_terminates(
 
 
 # --- Decisions in -----------------------------------------------------------------------------
-
-
-def hold(
-    redis_server: LocalService, prefix: str, config: QuotaConfig, client_id: str, ms: int
-) -> None:
-    """Writes the engine's decision throttling (produce, ANONYMOUS, client_id) for ``ms``: the
-    window it measures now (``config``'s samples) holds ``ms`` worth of bytes over its limit."""
-    entity = DecisionClient.connect(
-        redis_server.host, redis_server.port, prefix, config
-    ).entity_of_client("produce", "ANONYMOUS", client_id, 1)
-    now = int(time.time() * 1000)
-    spec = window_spec(config, QuotaType.PRODUCE)
-    window_ms = (spec.samples - 1) * spec.window_ms + now % spec.window_ms
-    limit = 1e6
-    decision = Decision(
-        quota="produce",
-        entity=entity,
-        throttle_ms=ms,
-        until=now + ms,
-        rate=limit * (window_ms + ms) / window_ms,
-        limit=limit,
-        exceeded=True,
-        window_ms=window_ms,
-        decided_at=now,
-    )
-    write_decision(redis_server, prefix, decision)
-
-
-def await_hold(proxy: RunningProxy, key: tuple[str, str, str, int]) -> None:
-    """Until the proxy holds ``key``: a refresh pass (what its thread runs every refresh_ms)
-    reads a decision from Redis; one made meanwhile by the thread may have read before it."""
-    holds = proxy.proxy.holds
-    deadline = time.monotonic() + 5
-    while holds.remaining_ms(key) == 0:
-        assert time.monotonic() < deadline, f"the proxy never read the decision of {key}"
-        holds.refresh()
 
 
 # Timed from the call: the libraries whose calls are their requests (a JVM's start would use up the

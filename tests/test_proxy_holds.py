@@ -12,7 +12,6 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
-import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,10 +19,11 @@ from quotastream.cache import CachedQuotaClient
 from quotastream.client import QuotaClient
 from quotastream.proxy.holds import ClientKey, Holds
 from quotastream.proxy.settings import DecisionSettings
-from quotastream.redis_contract import Decision, decision_key
+from quotastream.redis_contract import Decision
 from state.config import parse_quota_config
 from state.throttle import throttle_ms
 from streaming.services import LocalService
+from tests.support.proxy import write_decision
 
 QUOTA_BYTES_PER_S = 300_000
 SAMPLE_MS = 1000
@@ -47,13 +47,6 @@ CONFIG = parse_quota_config(
     "holds",
 )
 NOW_MS = 2_000_000_000_000
-
-
-def write_decision(server: LocalService, prefix: str, decision: Decision) -> None:
-    """Writes ``decision`` as the engine's sink does (``docs/redis.md``)."""
-    redis.Redis(server.host, server.port).set(
-        decision_key(prefix, decision.quota, decision.entity), msgspec.json.encode(decision)
-    )
 
 
 class Clock:

@@ -40,11 +40,8 @@ from streaming.engine.stages import (
     update_shard,
 )
 from streaming.services import LocalService, start_redis
+from tests.support.agents import CONFIG
 from tests.support.factories import BASE, decision_row, produce
-
-CONFIG = parse_quota_config(
-    {"clients": [{"user": "alice", "producer_byte_rate": 100}]}, "contract config"
-)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ through Kafka's getters; the test renders its own decoding the same way."""
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 import subprocess
@@ -33,11 +32,12 @@ from quotastream.brokers.remote_log_metadata import (
     kafka_uuid,
 )
 from quotastream.brokers.segments import SegmentLifecycle
+from quotastream.publisher import batched_messages
+from state.event_contract import RemoteCopy, RemoteSegment
 from state.events import parse_events
 from streaming.kafka_broker import KafkaCluster, kafka_libs, kafka_version
-from tests.servers import topic_records
+from tests.support.remote_log import metadata_values
 
-METADATA_TOPIC = "__remote_log_metadata"
 ORACLE = Path(__file__).with_name("java") / "RemoteLogMetadataOracle.java"
 
 
@@ -111,11 +111,6 @@ def kafka_renders(values: list[bytes]) -> list[str]:
         check=True,
     )
     return result.stdout.splitlines()
-
-
-def metadata_values(address: str) -> list[bytes]:
-    """Every value in ``__remote_log_metadata`` now, partition by partition."""
-    return [record.value for record in topic_records(address, METADATA_TOPIC)]
 
 
 def segment_states(lines: list[str]) -> dict[str, list[str]]:
@@ -193,17 +188,17 @@ def test_every_record_of_a_segments_life_decodes_as_kafka_decodes_it(
     # each upload's start a remote_copy of the segment's size.
     lifecycle = SegmentLifecycle()
     made = [event for value in values for event in lifecycle.apply(schemas.decode(value))]
-    segments = [e for e in made if e["kind"] == "remote_segment"]
-    assert sorted((e["segment_id"], e["state"]) for e in segments) == sorted(
+    segments = [e for e in made if isinstance(e, RemoteSegment)]
+    assert sorted((e.segment_id, e.state) for e in segments) == sorted(
         (segment, state)
         for segment, lived in states.items()
         if lived == deleted
         for state in ("copy_finished", "delete_finished")
     )
-    assert sum(e["kind"] == "remote_copy" for e in made) == len(states)
+    assert sum(isinstance(e, RemoteCopy) for e in made) == len(states)
     assert len(lifecycle) == sum(lived == copied[:1] for lived in states.values())
     # ... and the engine's validator accepts every one (one batched message).
-    parsed = parse_events([json.dumps(made).encode()])
+    parsed = parse_events([message.value for message in batched_messages(made, 1 << 20)])
     assert parsed.rejected.empty, parsed.rejected.to_dict("records")
     assert len(parsed.accepted) == len(made)
 

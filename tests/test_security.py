@@ -75,6 +75,7 @@ from streaming.engine.sinks import SinkSettings
 from streaming.kafka_broker import KafkaNode, ScramUser, Security, start_kafka
 from streaming.services import LocalService, TlsFiles, start_redis
 from tests.support.certificates import make_certificates, make_client_certificate
+from tests.support.engine import batches_needed, commits, engine_file, quotastream, stored_decisions
 from tests.support.expected import (
     assert_reads_as_unwritten,
     by_key,
@@ -82,7 +83,6 @@ from tests.support.expected import (
     must_be_written,
 )
 from tests.support.factories import mixed_payloads
-from tests.test_chaos import batches_needed, commits, engine_file, quotastream, stored_decisions
 
 #: The servers' own password (the Redis admin's, the Kafka admin's SCRAM password and client
 #: key's): never given to the engine.

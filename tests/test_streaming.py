@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import random
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -16,7 +15,6 @@ from typing import Any
 import pytest
 import redis
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import KafkaAdminClient, NewTopic
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
@@ -37,11 +35,10 @@ from streaming.engine.exporter import EngineMetrics
 from streaming.engine.job import start_query
 from streaming.engine.metric_names import REDIS_WRITE_FAILURES
 from streaming.engine.offsets import records_read
-from streaming.engine.settings import EngineSettings
 from streaming.engine.source_status import read_status
-from streaming.kafka_broker import KafkaCluster
 from streaming.services import LocalService, start_redis
 from tests.support.checkpoint import planned_batches
+from tests.support.engine import SteadyTraffic, engine_settings, publish
 from tests.support.expected import (
     assert_reads_as_unwritten,
     by_key,
@@ -56,59 +53,9 @@ from tests.support.factories import (
     produce,
     remote_segment,
 )
-from tests.test_metrics import samples
+from tests.support.prometheus import samples
 
 CONFIG = parse_quota_config(MIXED_QUOTAS, "test config")
-
-
-def engine_settings(
-    kafka: LocalService | KafkaCluster,
-    redis_server: LocalService,
-    tmp_path: Path,
-    topic: str,
-    shuffle_partitions: int = 2,
-) -> EngineSettings:
-    # The events carry fixed timestamps from 2023: no bounds relative to the wall clock.
-    base = EngineSettings.model_validate(
-        {
-            "events": {"max_past_ms": None, "max_future_ms": None},
-            # Decisions outlive the test: keys expire ``keep_ms`` after their batch's time
-            # (docs/redis.md), which a slow machine's batches can take most of.
-            "redis": {"key_prefix": topic, "keep_ms": 3_600_000},
-            "spark": {"shards": 4, "shuffle_partitions": shuffle_partitions},
-        }
-    )
-    return base.pointed_at(
-        kafka.address,
-        redis_server.host,
-        redis_server.port,
-        str(tmp_path / "checkpoint"),
-        topics=[topic],
-        starting_offsets="earliest",
-        dead_letter_topic=f"{topic}.dead-letter",
-        config_topic=f"{topic}.config",
-    )
-
-
-def publish(
-    kafka: LocalService | KafkaCluster,
-    topic: str,
-    values: list[bytes],
-    partitions: int = 3,
-    create: bool = True,
-    replicas: int = 1,
-) -> None:
-    """``values`` round-robin over the topic's partitions, each acknowledged by every in-sync
-    replica; ``create``: the topic is created first, with ``partitions`` and ``replicas``."""
-    if create:
-        admin = KafkaAdminClient(bootstrap_servers=kafka.address)
-        admin.create_topics([NewTopic(topic, partitions, replicas)])
-        admin.close()
-    producer = KafkaProducer(bootstrap_servers=kafka.address, linger_ms=10, acks="all")
-    for i, value in enumerate(values):
-        producer.send(topic, value, partition=i % partitions)
-    producer.flush()
-    producer.close()
 
 
 def batch_start_ms(progress: dict[str, Any]) -> int:
@@ -399,33 +346,6 @@ def decided_with(version: int) -> Callable[[Decision], bool]:
         return decision.config_version == version
 
     return check
-
-
-class SteadyTraffic(threading.Thread):
-    """Publishes one event every 100 ms, stamped with the wall clock, until stopped; counts the
-    events the broker acknowledged (:attr:`acked`, final once stopped)."""
-
-    def __init__(self, kafka: LocalService, topic: str, event: dict[str, Any]) -> None:
-        super().__init__(daemon=True)
-        self._producer = KafkaProducer(bootstrap_servers=kafka.address)
-        self._topic, self._event = topic, event
-        self._stop_requested = threading.Event()
-        self._acks = itertools.count()
-        self.acked = 0
-
-    def run(self) -> None:
-        while not self._stop_requested.wait(0.1):
-            event = {**self._event, "ts": int(time.time() * 1000)}
-            sent = self._producer.send(self._topic, json.dumps(event).encode())
-            sent.add_callback(lambda _: next(self._acks))
-
-    def stop(self) -> None:
-        if self._stop_requested.is_set():
-            return
-        self._stop_requested.set()
-        self.join()
-        self._producer.close()  # flushes: every callback has run
-        self.acked = next(self._acks)
 
 
 def wait_for_decision(
