@@ -41,7 +41,7 @@ from streaming.services import LocalService, start_redis
 from tests.client_libraries import LIBRARIES, Access
 from tests.kafka_quotas import record_batch
 from tests.servers import start_command
-from tests.test_proxy import create_topic, proxy_settings
+from tests.support.proxy import create_topic, proxy_settings
 
 
 def produce_one(proxy: RunningProxy, topic: str, client_id: str) -> None:
