@@ -74,6 +74,11 @@ class Event(msgspec.Struct, tag_field="kind", kw_only=True, gc=False):
     bytes: Int64
     count: Count = 1
 
+    @property
+    def kind(self) -> str:
+        """The event's kind: its tag, which msgspec writes as ``kind``."""
+        return str(self.__struct_config__.tag)
+
 
 class Produce(Event, tag="produce", kw_only=True):
     user: User

@@ -72,6 +72,8 @@ LAYERS: Final[Mapping[str, str]] = {
     "test_counters.py": "agent",
     "test_lineage.py": "agent",
     "test_broker_metrics.py": "agent",
+    "test_publisher.py": "agent",
+    "test_event_contract.py": "agent",
     "test_redis_contract.py": "agent",
     "test_admin_cli.py": "admin",
     "test_cli.py": "admin",

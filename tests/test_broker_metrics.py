@@ -17,6 +17,7 @@ from quotastream.brokers.broker_metrics import (
     UnreadableMetricsError,
     read_scrape,
 )
+from state.event_contract import RemoteFetch, Replication
 
 
 def exporter(started: float, fetched: int, requests: int, moved_out: int) -> str:
@@ -92,14 +93,14 @@ def test_counts_are_what_each_broker_counted_since_its_last_scrape() -> None:
         "http://b2/metrics": exporter(7.0, 50, 1, 10),
     }
     assert metrics.poll() == [
-        BrokerCount(kind="remote_fetch", ts=1_000, bytes=600, count=2, broker=1, topic="orders")
+        RemoteFetch(ts=1_000, bytes=600, count=2, broker=1, topic="orders")
     ]  # broker 2's first scrape is its baseline
     # Broker 1 restarted: its counters started over.
     cluster.texts["http://b1/metrics"] = exporter(2.0, 100, 1, 0)
     cluster.texts["http://b2/metrics"] = exporter(7.0, 50, 1, 4_010)
     assert metrics.poll() == [
-        BrokerCount(kind="remote_fetch", ts=1_000, bytes=100, count=1, broker=1, topic="orders"),
-        BrokerCount(kind="replication", ts=1_000, bytes=4_000, count=1, broker=2, role="leader"),
+        RemoteFetch(ts=1_000, bytes=100, count=1, broker=1, topic="orders"),
+        Replication(ts=1_000, bytes=4_000, count=1, broker=2, role="leader"),
     ]
 
 
@@ -109,9 +110,7 @@ def test_counts_wait_while_the_events_topic_is_down_and_the_oldest_go_past_the_b
     cluster.topic_down = True
     for nbytes in (1, 2, 3):
         with pytest.raises(OSError, match="unreachable"):
-            metrics.publish(
-                [BrokerCount(kind="replication", ts=1, bytes=nbytes, count=1, broker=1)]
-            )
+            metrics.publish([Replication(ts=1, bytes=nbytes, broker=1, role="leader")])
     cluster.topic_down = False
     metrics.publish([])
     assert [e.bytes for e in cluster.published] == [2, 3]  # 1 dropped, and counted

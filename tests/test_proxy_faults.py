@@ -33,7 +33,8 @@ import yaml
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
-from quotastream.proxy.usage import UsageEvent, UsagePublisher
+from quotastream.proxy.usage import usage_publisher
+from state.event_contract import Produce
 from streaming.commands.proxy import RunningProxy
 from streaming.engine.settings import EngineSettings
 from streaming.kafka_broker import KafkaNode, start_kafka
@@ -295,14 +296,12 @@ def test_a_publisher_closing_without_its_broker_has_counted_every_event_when_it_
     def on_drop(reason: str, events: int, nbytes: int) -> None:
         counts[reason] += events
 
-    def usage(ts: int) -> UsageEvent:
-        return UsageEvent(
-            kind="produce", ts=ts, bytes=100, count=1, user="u", client_id="c", broker=1
-        )
+    def usage(ts: int) -> Produce:
+        return Produce(ts=ts, bytes=100, count=1, user="u", client_id="c", broker=1)
 
     with start_kafka() as events_broker:
         create_topic(events_broker.address, topic, partitions=1)
-        publisher = UsagePublisher(
+        publisher = usage_publisher(
             lambda: KafkaProducer(bootstrap_servers=events_broker.address, max_block_ms=1000),
             topic=topic,
             instance="closing",

@@ -6,12 +6,10 @@ same codecs the proxy decodes with), and every frame crosses the functions as by
 
 from __future__ import annotations
 
-import json
 import struct
 import uuid
 from typing import Any
 
-import msgspec
 import pytest
 import redis
 from hypothesis import given, settings
@@ -43,8 +41,7 @@ from quotastream.proxy.identity import (
     scram_user,
 )
 from quotastream.proxy.routing import Address, Routes, advertised_versions, parse_addresses
-from quotastream.proxy.usage import FETCH, PRODUCE, UsageEvent, UsageSums
-from quotastream.published_events import batched_messages
+from quotastream.proxy.usage import FETCH, PRODUCE, UsageSums
 from state.config import parse_quota_config
 
 ADVERTISED = "proxy.example.com"
@@ -1063,45 +1060,6 @@ def test_a_full_book_drops_new_keys_and_still_sums_existing_ones() -> None:
     sums.record(kind=PRODUCE, user="b", client_id="c", broker=1, nbytes=30, now_ms=5)
     assert len(drops) == 2  # take() emptied the book: room again
     assert events_of(sums) == {(PRODUCE, "b", "c", 1, 5): (30, 1)}
-
-
-usage_events = st.builds(
-    UsageEvent,
-    kind=st.sampled_from([PRODUCE, FETCH]),
-    ts=st.integers(0, 2**53),
-    bytes=st.integers(0, 2**40),
-    count=st.integers(1, 10_000),
-    user=st.text(max_size=30),
-    client_id=st.text(max_size=30),
-    broker=st.integers(0, 5000),
-)
-
-
-@settings(max_examples=150, deadline=None)
-@given(events=st.lists(usage_events, max_size=40), max_bytes=st.integers(1, 700))
-def test_batched_messages_are_bounded_json_arrays_holding_every_event_once(
-    events: list[UsageEvent], max_bytes: int
-) -> None:
-    messages = batched_messages(events, max_bytes)
-    published: list[Any] = []
-    for message in messages:
-        content = json.loads(message.value)
-        assert isinstance(content, list)
-        assert content, "no empty message"
-        assert len(message.value) <= max_bytes or len(content) == 1
-        assert message.events == len(content)
-        assert message.bytes == sum(event["bytes"] for event in content)
-        published += content
-    assert published == [msgspec.to_builtins(event) for event in events]
-
-
-def test_batched_messages_fill_each_message_before_starting_the_next() -> None:
-    event = UsageEvent(kind=PRODUCE, ts=1, bytes=10, count=1, user="u", client_id="c", broker=1)
-    size = len(msgspec.json.encode(event))
-    messages = batched_messages([event] * 10, max_bytes=2 + 3 * size + 2 + 1)
-    assert [m.events for m in messages] == [3, 3, 3, 1]
-    assert [m.bytes for m in messages] == [30, 30, 30, 10]
-    assert batched_messages([], max_bytes=100) == []
 
 
 @pytest.mark.parametrize("version", range(3, FetchRequest.max_version + 1))

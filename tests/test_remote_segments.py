@@ -22,7 +22,8 @@ from quotastream.brokers.remote_log_metadata import (
     Decoded,
     kafka_uuid,
 )
-from quotastream.brokers.segments import RefusedRecordError, SegmentLifecycle
+from quotastream.brokers.segments import RefusedRecordError, SegmentEvent, SegmentLifecycle
+from state.event_contract import RemoteCopy, RemoteSegment
 
 TOPIC_ID = uuid.UUID(int=7)
 COPY_STARTED, COPY_FINISHED, DELETE_STARTED, DELETE_FINISHED = range(4)
@@ -66,13 +67,13 @@ def partition_deleted(state: int, number: int = 0) -> Decoded:
     return Decoded(PARTITION_DELETE, 0, message)
 
 
-def events(lifecycle: SegmentLifecycle, records: list[Decoded]) -> list[dict[str, Any]]:
+def events(lifecycle: SegmentLifecycle, records: list[Decoded]) -> list[SegmentEvent]:
     return [event for record in records for event in lifecycle.apply(record)]
 
 
-def segment_events(lifecycle: SegmentLifecycle, records: list[Decoded]) -> list[dict[str, Any]]:
+def segment_events(lifecycle: SegmentLifecycle, records: list[Decoded]) -> list[RemoteSegment]:
     """The ``remote_segment`` events of ``records`` (not their uploads' ``remote_copy``)."""
-    return [e for e in events(lifecycle, records) if e["kind"] == "remote_segment"]
+    return [e for e in events(lifecycle, records) if isinstance(e, RemoteSegment)]
 
 
 def test_an_upload_counts_from_its_finish_to_its_deletions_finish() -> None:
@@ -87,22 +88,21 @@ def test_an_upload_counts_from_its_finish_to_its_deletions_finish() -> None:
             updated(segment, DELETE_FINISHED, at=5_100),
         ],
     )
-    expected = {
-        "kind": "remote_segment",
+    expected: dict[str, Any] = {
         "broker": 3,
         "topic": "tiered",
         "partition": 0,
         "leader_epoch": 3,
         "segment_id": kafka_uuid(segment),
         "bytes": 8_560,
-        "segment_leader_epochs": {"0": 10, "3": 15},
+        "segment_leader_epochs": {0: 10, 3: 15},
         "end_offset": 19,
     }
-    copy = {"kind": "remote_copy", "ts": 900, "broker": 2, "topic": "tiered", "partition": 0}
     assert made == [
-        copy | {"bytes": 8_560},  # what the copy quota records as the upload begins
-        expected | {"ts": 1_000, "state": "copy_finished"},
-        expected | {"ts": 5_100, "state": "delete_finished"},
+        # What the copy quota records as the upload begins.
+        RemoteCopy(ts=900, broker=2, topic="tiered", partition=0, bytes=8_560),
+        RemoteSegment(**expected, ts=1_000, state="copy_finished"),
+        RemoteSegment(**expected, ts=5_100, state="delete_finished"),
     ]
     assert len(lifecycle) == 0  # forgotten once deleted
 
@@ -183,9 +183,9 @@ def test_segments_interleaved_in_any_order_make_the_same_events(
         interleaved.append(queue.pop(0))
     lifecycle = SegmentLifecycle()
     made_all = events(lifecycle, interleaved)
-    made = Counter((e["segment_id"], e["state"]) for e in made_all if e["kind"] == "remote_segment")
+    made = Counter((e.segment_id, e.state) for e in made_all if isinstance(e, RemoteSegment))
     # Every upload's start is one remote_copy, finished or not.
-    assert sum(e["kind"] == "remote_copy" for e in made_all) == len(lives)
+    assert sum(isinstance(e, RemoteCopy) for e in made_all) == len(lives)
     wanted = Counter(
         (kafka_uuid(uuid.UUID(int=number + 1)), state)
         for number, life in enumerate(lives)

@@ -18,7 +18,8 @@ however often its events come), and a first start publishes the whole history on
 Order. Each event is keyed by its segment's topic partition, so all of a partition's events land
 in one partition of the events topic, in the order Kafka wrote them: the engine never sees a
 segment's copy after its delete, which would count it again once its tombstone is forgotten
-(``state/remote_log.py``).
+(``state/remote_log.py``). The events of a poll go out through the agents' publisher
+(:mod:`quotastream.publisher`), batched per key.
 
 Refusals. A record the decoder or the lifecycle refuses goes to the engine's dead-letter topic
 with the reason (``undecodable_record``, ``unfollowable_record``), the detail, the record's bytes
@@ -27,13 +28,11 @@ and its coordinates, and is counted; the bridge goes on.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from kafka import TopicPartition
@@ -45,10 +44,10 @@ from quotastream.brokers.remote_log_metadata import (
     RemoteLogMetadataSchemas,
     UndecodableRecordError,
 )
-from quotastream.brokers.segments import RefusedRecordError, SegmentLifecycle
+from quotastream.brokers.segments import RefusedRecordError, SegmentEvent, SegmentLifecycle
 from quotastream.outage import Outage
-from quotastream.producer_close import close_producer
-from state.event_contract import dead_letter_record
+from quotastream.publisher import EventsPublisher
+from state.event_contract import RemoteCopy, dead_letter_record
 
 log = logging.getLogger(__name__)
 
@@ -100,29 +99,23 @@ class RemoteLogBridgeMetrics:
         )
 
 
-@dataclass(frozen=True)
-class BridgeTopics:
-    metadata: str  # __remote_log_metadata
-    events: str  # the engine's first events topic
-    dead_letter: str
-
-
 class RemoteLogBridge:
     """Reads the metadata topic, publishes its segments' events; :meth:`run` until stopped.
 
     ``new_consumer()`` makes a kafka-python ``KafkaConsumer`` of the bridge's group on the
-    cluster (no auto-commit), ``new_producer()`` a ``KafkaProducer`` on the engine's Kafka
-    (``acks=all``); both are made again after a failure. ``remote_copy`` events older than
-    ``traffic_horizon_ms`` (the engine's ``events.max_past_ms``) are counted, not published:
-    the engine would reject them, and no quota window counts them any more."""
+    cluster (no auto-commit), made again after a failure; ``publisher`` sends to the engine's
+    events topic and its dead-letter topic, its producer closed after a failure.
+    ``remote_copy`` events older than ``traffic_horizon_ms`` (the engine's
+    ``events.max_past_ms``) are counted, not published: the engine would reject them, and no
+    quota window counts them any more."""
 
     def __init__(
         self,
         schemas: RemoteLogMetadataSchemas,
-        topics: BridgeTopics,
+        metadata_topic: str,
         *,
         new_consumer: Callable[[], Any],
-        new_producer: Callable[[], Any],
+        publisher: EventsPublisher,
         metrics: RemoteLogBridgeMetrics,
         poll_ms: int,
         retry_ms: int,
@@ -132,9 +125,9 @@ class RemoteLogBridge:
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         self._schemas = schemas
-        self._topics = topics
+        self._metadata_topic = metadata_topic
         self._new_consumer = new_consumer
-        self._new_producer = new_producer
+        self._publisher = publisher
         self._metrics = metrics
         self._poll_ms = poll_ms
         self._retry_ms = retry_ms
@@ -170,7 +163,7 @@ class RemoteLogBridge:
                 return
 
     def _pass(self) -> None:
-        consumer, producer = self._new_consumer(), None
+        consumer = self._new_consumer()
         try:
             partitions = self._partitions(consumer)
             if partitions is None:
@@ -179,24 +172,28 @@ class RemoteLogBridge:
             committed = {tp: consumer.committed(tp) or 0 for tp in partitions}
             consumer.seek_to_beginning(*partitions)
             ends = consumer.end_offsets(partitions)
-            producer = self._new_producer()
+            self._publisher.producer()  # made now: a pass without one fails here
             self._outage.recovered()
             lifecycle = SegmentLifecycle()
             read = {tp: consumer.position(tp) for tp in partitions}
             while not self._stopped.is_set():
                 batch = consumer.poll(timeout_ms=self._poll_ms)
+                events: list[SegmentEvent] = []
                 sent = []
                 for tp, records in batch.items():
                     for record in records:
                         fresh = record.offset >= committed[tp]
-                        sent += self._follow(lifecycle, record, fresh, producer)
+                        published, letter = self._follow(lifecycle, record, fresh)
+                        events += published
+                        if letter is not None:
+                            sent.append(self._publisher.send_dead_letter(letter))
                         read[tp] = record.offset + 1
+                sent += self._publisher.send(events, key_of=_partition_key)
                 self._metrics.segments.set(len(lifecycle))
                 advanced = {tp: offset for tp, offset in read.items() if offset > committed[tp]}
                 if advanced:
-                    producer.flush()
-                    for future in sent:
-                        future.get(timeout=0)  # raises what failed to send: retried from here
+                    # Raises what failed to send: retried from here.
+                    self._publisher.confirm(sent, timeout_s=None)
                     consumer.commit(
                         {tp: OffsetAndMetadata(offset, "", -1) for tp, offset in advanced.items()}
                     )
@@ -204,41 +201,40 @@ class RemoteLogBridge:
                 if not self.caught_up.is_set() and all(read[tp] >= ends[tp] for tp in partitions):
                     log.info(
                         "caught up with %s: %d segments followed",
-                        self._topics.metadata,
+                        self._metadata_topic,
                         len(lifecycle),
                     )
                     self.caught_up.set()
                 self._metrics.behind.set(self._behind(consumer, partitions))
         finally:
             consumer.close()
-            if producer is not None:
-                # What it could not send is not committed: the next pass sends it again.
-                close_producer(producer)
+            # What it could not send is not committed: the next pass sends it again.
+            self._publisher.close()
 
     def _partitions(self, consumer: Any) -> list[TopicPartition] | None:
         """The metadata topic's partitions, once it exists (Kafka creates it with the first
         tiered topic); None if stopped meanwhile."""
         waited = False
         while not self._stopped.is_set():
-            numbers = consumer.partitions_for_topic(self._topics.metadata)
+            numbers = consumer.partitions_for_topic(self._metadata_topic)
             if numbers:
-                return [TopicPartition(self._topics.metadata, n) for n in sorted(numbers)]
+                return [TopicPartition(self._metadata_topic, n) for n in sorted(numbers)]
             if not waited:
-                log.info("%s does not exist yet: waiting for it", self._topics.metadata)
+                log.info("%s does not exist yet: waiting for it", self._metadata_topic)
                 waited = True
             self._stopped.wait(self._poll_ms / 1000)
         return None
 
     def _follow(
-        self, lifecycle: SegmentLifecycle, record: Any, fresh: bool, producer: Any
-    ) -> list[Any]:
-        """Applies one record; if ``fresh``, sends its events (or its dead letter)."""
+        self, lifecycle: SegmentLifecycle, record: Any, fresh: bool
+    ) -> tuple[list[SegmentEvent], dict[str, Any] | None]:
+        """Applies one record; if ``fresh``, the events to publish (or its dead letter)."""
         self._metrics.records.labels("now" if fresh else "replayed").inc()
         try:
             events = lifecycle.apply(self._schemas.decode(record.value))
         except (UndecodableRecordError, RefusedRecordError) as error:
             if not fresh:
-                return []
+                return [], None
             reason = UNDECODABLE if isinstance(error, UndecodableRecordError) else UNFOLLOWABLE
             source = {
                 "topic": record.topic,
@@ -246,7 +242,6 @@ class RemoteLogBridge:
                 "offset": record.offset,
                 "index": None,
             }
-            letter = dead_letter_record(reason, str(error), record.value or b"", source)
             log.warning(
                 "%s-%d@%d sent to the dead letter: %s",
                 record.topic,
@@ -255,24 +250,25 @@ class RemoteLogBridge:
                 error,
             )
             self._metrics.dead_letters.labels(reason).inc()
-            return [producer.send(self._topics.dead_letter, json.dumps(letter).encode())]
+            return [], dead_letter_record(reason, str(error), record.value or b"", source)
         if not fresh:
-            return []
-        futures = []
+            return [], None
+        published = []
         oldest = (
             None
             if self._traffic_horizon_ms is None
             else self._clock_ms() - self._traffic_horizon_ms
         )
         for event in events:
-            is_copy = event["kind"] == "remote_copy"
-            if is_copy and oldest is not None and event["ts"] < oldest:
-                self._metrics.too_old.inc()
-                continue
-            key = f"{event['topic']}-{event['partition']}".encode()
-            futures.append(producer.send(self._topics.events, json.dumps(event).encode(), key=key))
-            self._metrics.events.labels("remote_copy" if is_copy else event["state"]).inc()
-        return futures
+            if isinstance(event, RemoteCopy):
+                if oldest is not None and event.ts < oldest:
+                    self._metrics.too_old.inc()
+                    continue
+                self._metrics.events.labels(event.kind).inc()
+            else:
+                self._metrics.events.labels(event.state).inc()
+            published.append(event)
+        return published, None
 
     @staticmethod
     def _behind(consumer: Any, partitions: list[TopicPartition]) -> int:
@@ -282,3 +278,9 @@ class RemoteLogBridge:
             if end is not None:
                 behind += max(end - consumer.position(tp), 0)
         return behind
+
+
+def _partition_key(event: SegmentEvent) -> bytes:
+    """An event's key: its segment's topic partition (one partition of the events topic
+    keeps their order)."""
+    return f"{event.topic}-{event.partition}".encode()

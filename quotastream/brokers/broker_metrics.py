@@ -26,14 +26,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Final
+from typing import Final, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
 from quotastream.brokers.counters import CounterDeltas, Scrape
 from quotastream.outage import Outage
-from quotastream.published_events import CountedEvent, publish_every
+from quotastream.publisher import publish_every
+from state.event_contract import RemoteFetch, Replication
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ START_METRIC: Final = "process_start_time_seconds"
 REMOTE_FETCH_BYTES: Final = "RemoteFetchBytesPerSec"
 REMOTE_FETCH_REQUESTS: Final = "RemoteFetchRequestsPerSec"
 #: Broker-wide counters, and the replication role whose bytes each counts.
-REASSIGNMENT_BYTES: Final = {
+REASSIGNMENT_BYTES: Final[dict[str, Literal["leader", "follower"]]] = {
     "ReassignmentBytesOutPerSec": "leader",
     "ReassignmentBytesInPerSec": "follower",
 }
@@ -52,12 +53,8 @@ _READ: Final = frozenset({REMOTE_FETCH_BYTES, REMOTE_FETCH_REQUESTS, *REASSIGNME
 SeriesKey = tuple[str, str]
 
 
-class BrokerCount(CountedEvent, kw_only=True, gc=False, omit_defaults=True):
-    """A ``remote_fetch`` (per topic) or ``replication`` (broker-wide) count."""
-
-    broker: int
-    topic: str | None = None
-    role: str | None = None
+#: A count this source publishes: ``remote_fetch`` of a topic, or broker-wide ``replication``.
+BrokerCount = RemoteFetch | Replication
 
 
 class UnreadableMetricsError(ValueError):
@@ -81,13 +78,12 @@ def read_scrape(text: str) -> Scrape[SeriesKey]:
 
 def counts_of(broker: int, deltas: Mapping[SeriesKey, float], ts: int) -> list[BrokerCount]:
     """The events a broker's counter deltas make at ``ts``."""
-    events = []
+    events: list[BrokerCount] = []
     for (name, topic), nbytes in sorted(deltas.items()):
         if name == REMOTE_FETCH_BYTES and topic:
             requests = deltas.get((REMOTE_FETCH_REQUESTS, topic), 0)
             events.append(
-                BrokerCount(
-                    kind="remote_fetch",
+                RemoteFetch(
                     ts=ts,
                     bytes=int(nbytes),
                     count=max(int(requests), 1),
@@ -97,8 +93,7 @@ def counts_of(broker: int, deltas: Mapping[SeriesKey, float], ts: int) -> list[B
             )
         elif name in REASSIGNMENT_BYTES and not topic:
             events.append(
-                BrokerCount(
-                    kind="replication",
+                Replication(
                     ts=ts,
                     bytes=int(nbytes),
                     count=1,

@@ -31,7 +31,8 @@ from kafka.structs import TopicPartition
 from prometheus_client import CollectorRegistry, Counter
 
 from quotastream.outage import Outage
-from quotastream.published_events import CountedEvent, publish_every
+from quotastream.publisher import publish_every
+from state.event_contract import LeaderEpochs
 from state.leader_epochs import Epochs
 
 REMOTE_STORAGE: Final = "remote.storage.enable"
@@ -93,16 +94,6 @@ def lineage_of(answers: Sequence[Answer], log_start_offset: int) -> tuple[Epochs
     return epochs, answers[0].end_offset
 
 
-class LeaderEpochsReport(CountedEvent, kw_only=True, gc=False, omit_defaults=True):
-    """A ``leader_epochs`` event (``docs/events.md``)."""
-
-    broker: int
-    topic: str
-    partition: int
-    epochs: dict[str, int]
-    log_end_offset: int
-
-
 class LineageMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.published = Counter(
@@ -131,7 +122,7 @@ class LineageSource:
         admin: KafkaAdminClient,
         client: KafkaNetClient,
         *,
-        publish: Callable[[Sequence[LeaderEpochsReport]], None],
+        publish: Callable[[Sequence[LeaderEpochs]], None],
         metrics: LineageMetrics,
         clock_ms: Callable[[], int],
     ) -> None:
@@ -141,7 +132,7 @@ class LineageSource:
         self._metrics = metrics
         self._clock_ms = clock_ms
 
-    def poll(self) -> list[LeaderEpochsReport]:
+    def poll(self) -> list[LeaderEpochs]:
         """The lineage of every tiered partition whose leader answered the whole walk."""
         leaders = self._tiered_leaders()
         if not leaders:
@@ -164,15 +155,14 @@ class LineageSource:
             for partition, answers in sorted(walked.items()):
                 epochs, log_end_offset = lineage_of(answers, log_starts[partition])
                 reports.append(
-                    LeaderEpochsReport(
-                        kind="leader_epochs",
+                    LeaderEpochs(
                         ts=ts,
                         bytes=0,
                         count=1,
                         broker=leader,
                         topic=partition.topic,
                         partition=partition.partition,
-                        epochs={str(epoch): offset for epoch, offset in epochs},
+                        epochs=dict(epochs),
                         log_end_offset=log_end_offset,
                     )
                 )
@@ -228,7 +218,7 @@ class LineageSource:
                 )
         return answered
 
-    def publish(self, reports: Sequence[LeaderEpochsReport]) -> None:
+    def publish(self, reports: Sequence[LeaderEpochs]) -> None:
         if reports:
             self._publish(reports)
             self._metrics.published.inc(len(reports))

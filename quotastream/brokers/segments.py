@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from quotastream.brokers.remote_log_metadata import (
     PARTITION_DELETE,
@@ -31,11 +31,14 @@ from quotastream.brokers.remote_log_metadata import (
     Decoded,
     kafka_uuid,
 )
+from state.event_contract import RemoteCopy, RemoteSegment
 
 COPY_STARTED, COPY_FINISHED, DELETE_STARTED, DELETE_FINISHED = (
     SEGMENT_STATES[state] for state in range(4)
 )
 PARTITION_DELETED = PARTITION_DELETE_STATES[2]
+#: What a record makes: an upload's ``remote_copy``, a segment's ``remote_segment``.
+SegmentEvent = RemoteCopy | RemoteSegment
 
 
 class RefusedRecordError(ValueError):
@@ -53,20 +56,21 @@ class _Segment:
     size: int
     finished: bool = False
 
-    def event(self, state: str, broker: int, ts: int) -> dict[str, Any]:
-        return {
-            "kind": "remote_segment",
-            "ts": ts,
-            "broker": broker,
-            "topic": self.topic,
-            "partition": self.partition,
-            "leader_epoch": max(self.leader_epochs),
-            "segment_id": self.segment_id,
-            "state": state,
-            "bytes": self.size,
-            "segment_leader_epochs": {str(e): o for e, o in sorted(self.leader_epochs.items())},
-            "end_offset": self.end_offset,
-        }
+    def event(
+        self, state: Literal["copy_finished", "delete_finished"], broker: int, ts: int
+    ) -> RemoteSegment:
+        return RemoteSegment(
+            ts=ts,
+            broker=broker,
+            topic=self.topic,
+            partition=self.partition,
+            leader_epoch=max(self.leader_epochs),
+            segment_id=self.segment_id,
+            state=state,
+            bytes=self.size,
+            segment_leader_epochs=dict(sorted(self.leader_epochs.items())),
+            end_offset=self.end_offset,
+        )
 
 
 class SegmentLifecycle:
@@ -78,7 +82,7 @@ class SegmentLifecycle:
     def __len__(self) -> int:
         return len(self._segments)
 
-    def apply(self, record: Decoded) -> list[dict[str, Any]]:
+    def apply(self, record: Decoded) -> list[SegmentEvent]:
         """The events ``record`` makes (none for a step the engine does not count), or
         :class:`RefusedRecordError`."""
         m = record.message
@@ -100,7 +104,7 @@ class SegmentLifecycle:
             raise RefusedRecordError("a segment snapshot names no topic partition")
         raise RefusedRecordError(f"a {record.name}, which no rule here follows")
 
-    def _started(self, m: Any) -> list[dict[str, Any]]:
+    def _started(self, m: Any) -> list[SegmentEvent]:
         state = _state(m.remote_log_segment_state)
         if state != COPY_STARTED:
             raise RefusedRecordError(f"a segment's metadata in state {state}")
@@ -123,17 +127,16 @@ class SegmentLifecycle:
         # The copy quota records the segment's size as the upload begins (RLMCopyTask: the
         # same FileRecords.sizeInBytes() this record carries), once per attempt.
         return [
-            {
-                "kind": "remote_copy",
-                "ts": m.event_timestamp_ms,
-                "broker": m.broker_id,
-                "topic": segment.topic,
-                "partition": segment.partition,
-                "bytes": segment.size,
-            }
+            RemoteCopy(
+                ts=m.event_timestamp_ms,
+                broker=m.broker_id,
+                topic=segment.topic,
+                partition=segment.partition,
+                bytes=segment.size,
+            )
         ]
 
-    def _updated(self, m: Any) -> list[dict[str, Any]]:
+    def _updated(self, m: Any) -> list[SegmentEvent]:
         state = _state(m.remote_log_segment_state)
         key = kafka_uuid(m.remote_log_segment_id.id)
         segment = self._segments.get(key)

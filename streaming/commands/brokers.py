@@ -12,29 +12,28 @@ import signal
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import redis
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaConsumer
 from kafka.admin import KafkaAdminClient
 from kafka.net.compat import KafkaNetClient
 from prometheus_client import CollectorRegistry, start_http_server
 
 from quotastream.brokers.actuator import Actuator, ActuatorMetrics, Ownership
-from quotastream.brokers.bridge import BridgeTopics, RemoteLogBridge, RemoteLogBridgeMetrics
+from quotastream.brokers.bridge import RemoteLogBridge, RemoteLogBridgeMetrics
 from quotastream.brokers.broker_metrics import BrokerMetricsSource, ScrapeMetrics
 from quotastream.brokers.lineage import LineageMetrics, LineageSource
 from quotastream.brokers.remote_log_metadata import RemoteLogMetadataSchemas
 from quotastream.brokers.throttles import FOLLOWER_REPLICAS, LEADER_REPLICAS
 from quotastream.outage import Outage
-from quotastream.published_events import CountedEvent, batched_messages
+from quotastream.publisher import EventsPublisher, events_producer
 from state.config import QuotaConfig, load_quota_config
 from state.live_config import LiveConfigs, SetTopicThrottles, describe_change
 from streaming.commands.exit_codes import EXIT_OK
-from streaming.engine.client_settings import settings_for
 from streaming.engine.config_log import ConfigLog
 from streaming.engine.settings import EngineSettings
 
@@ -47,16 +46,15 @@ Periodic = Callable[[threading.Event, float, Outage], None]
 ACTUATOR_AUTHOR = "quotastream-actuator"
 
 
-def events_producer(settings: EngineSettings) -> KafkaProducer:
-    """A producer to the engine's events topic that waits for every in-sync replica."""
-    return KafkaProducer(
-        **settings_for(
-            KafkaProducer,
-            settings.kafka.client_settings(),
-            bootstrap_servers=settings.kafka.bootstrap_servers,
-            acks="all",
-            linger_ms=5,
-        )
+def events_publisher(settings: EngineSettings) -> EventsPublisher:
+    """A publisher to the engine's first events topic (and its dead-letter topic), its producer
+    made at the first send: Kafka may be down when the agent starts."""
+    kafka = settings.kafka
+    return EventsPublisher(
+        lambda: events_producer(kafka.bootstrap_servers, kafka.client_settings()),
+        topic=kafka.topics[0],
+        max_message_bytes=settings.events.max_payload_bytes,
+        dead_letter_topic=kafka.dead_letter_topic,
     )
 
 
@@ -84,13 +82,9 @@ def build_remote_log_bridge(
 
     return RemoteLogBridge(
         schemas,
-        BridgeTopics(
-            metadata=source.topic,
-            events=settings.kafka.topics[0],
-            dead_letter=settings.kafka.dead_letter_topic,
-        ),
+        source.topic,
         new_consumer=new_consumer,
-        new_producer=lambda: events_producer(settings),
+        publisher=events_publisher(settings),
         metrics=RemoteLogBridgeMetrics(registry),
         poll_ms=source.poll_ms,
         retry_ms=brokers.retry_ms,
@@ -169,27 +163,6 @@ def build_actuator(settings: EngineSettings, registry: CollectorRegistry) -> Act
     )
 
 
-def events_publisher(settings: EngineSettings) -> Callable[[Sequence[CountedEvent]], None]:
-    """Publishes events to the engine's first events topic in batched messages, returning once
-    the brokers have them all (raising what was not delivered). Its producer is made at the
-    first publish: Kafka may be down when the agent starts."""
-    producer: KafkaProducer | None = None
-
-    def publish(events: Sequence[CountedEvent]) -> None:
-        nonlocal producer
-        if producer is None:
-            producer = events_producer(settings)
-        sent = [
-            producer.send(settings.kafka.topics[0], message.value)
-            for message in batched_messages(events, settings.events.max_payload_bytes)
-        ]
-        producer.flush(timeout=30)
-        for future in sent:
-            future.get(timeout=0)
-
-    return publish
-
-
 def build_broker_metrics(
     settings: EngineSettings, registry: CollectorRegistry
 ) -> BrokerMetricsSource:
@@ -205,7 +178,7 @@ def build_broker_metrics(
     return BrokerMetricsSource(
         source.endpoints,
         fetch=fetch,
-        publish=events_publisher(settings),
+        publish=events_publisher(settings).publish,
         metrics=ScrapeMetrics(registry),
         max_backlog=source.max_backlog,
         clock_ms=lambda: int(time.time() * 1000),
@@ -220,7 +193,7 @@ def build_lineage_source(settings: EngineSettings, registry: CollectorRegistry) 
     return LineageSource(
         KafkaAdminClient(**client_settings),
         KafkaNetClient(**client_settings),
-        publish=events_publisher(settings),
+        publish=events_publisher(settings).publish,
         metrics=LineageMetrics(registry),
         clock_ms=lambda: int(time.time() * 1000),
     )

@@ -16,18 +16,18 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry, start_http_server
 
 from quotastream.cache import CachedQuotaClient
+from quotastream.proxy.context import BrokerReader
 from quotastream.proxy.holds import Holds
 from quotastream.proxy.metrics import ProxyMetrics
-from quotastream.proxy.server import BrokerReader, Proxy, cluster_brokers
-from quotastream.proxy.usage import FETCH, PRODUCE, UsagePublisher
+from quotastream.proxy.server import Proxy, cluster_brokers
+from quotastream.proxy.usage import FETCH, PRODUCE, usage_publisher
+from quotastream.publisher import events_producer
 from state.config import QuotaConfig, load_quota_config
 from state.quota_types import QuotaType
 from streaming.commands.exit_codes import EXIT_OK
-from streaming.engine.client_settings import settings_for
 from streaming.engine.settings import EngineSettings
 
 log = logging.getLogger(__name__)
@@ -65,19 +65,14 @@ def build_proxy(
     )
 
     def new_producer() -> Any:
-        return KafkaProducer(
-            **settings_for(
-                KafkaProducer,
-                settings.kafka.client_settings(),
-                bootstrap_servers=settings.kafka.bootstrap_servers,
-                acks="all",
-                linger_ms=5,
-                # A send waits this long for a broker that is down before its flush is dropped.
-                max_block_ms=max(proxy.flush_interval_ms, 1000),
-            )
+        return events_producer(
+            settings.kafka.bootstrap_servers,
+            settings.kafka.client_settings(),
+            # A send waits this long for a broker that is down before its flush is dropped.
+            max_block_ms=max(proxy.flush_interval_ms, 1000),
         )
 
-    publisher = UsagePublisher(
+    publisher = usage_publisher(
         new_producer,
         topic=settings.kafka.topics[0],
         instance=proxy.instance_name,
