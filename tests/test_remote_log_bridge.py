@@ -42,6 +42,7 @@ from quotastream.brokers.segments import RefusedRecordError, SegmentLifecycle
 from quotastream.client import QuotaClient
 from quotastream.outage import Outage
 from state.config import load_quota_config
+from state.event_contract import encode
 from state.remote_log_view import RemoteLog
 from streaming.commands.brokers import build_lineage_source, build_remote_log_bridge
 from streaming.engine.job import start_query
@@ -248,22 +249,24 @@ def by_partition(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]
 
 
 def published(address: str, topic: str) -> dict[str, list[dict[str, Any]]]:
+    """The events of each key, in order (each message a batched one)."""
     grouped: dict[str, list[dict[str, Any]]] = {}
     for key, value in topic_values(address, topic):
         assert key is not None
-        grouped.setdefault(key.decode(), []).append(json.loads(value))
+        grouped.setdefault(key.decode(), []).extend(json.loads(value))
     return grouped
 
 
 def lifecycle_events(schemas: RemoteLogMetadataSchemas, values: list[bytes]) -> list[Any]:
-    """What Kafka's records make, the pure lifecycle as the oracle (refused records skipped)."""
+    """What Kafka's records make, the pure lifecycle as the oracle (refused records skipped),
+    as the events topic holds them."""
     lifecycle, events = SegmentLifecycle(), []
     for value in values:
         try:
             events += lifecycle.apply(schemas.decode(value))
         except (UndecodableRecordError, RefusedRecordError):
             continue
-    return events
+    return [json.loads(encode(event)) for event in events]
 
 
 def test_the_bridge_resumes_from_its_position_and_dead_letters_what_it_cannot_follow(

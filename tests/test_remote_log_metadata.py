@@ -7,7 +7,6 @@ through Kafka's getters; the test renders its own decoding the same way."""
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 import subprocess
@@ -33,6 +32,8 @@ from quotastream.brokers.remote_log_metadata import (
     kafka_uuid,
 )
 from quotastream.brokers.segments import SegmentLifecycle
+from quotastream.publisher import batched_messages
+from state.event_contract import RemoteCopy, RemoteSegment
 from state.events import parse_events
 from streaming.kafka_broker import KafkaCluster, kafka_libs, kafka_version
 from tests.support.remote_log import metadata_values
@@ -187,17 +188,17 @@ def test_every_record_of_a_segments_life_decodes_as_kafka_decodes_it(
     # each upload's start a remote_copy of the segment's size.
     lifecycle = SegmentLifecycle()
     made = [event for value in values for event in lifecycle.apply(schemas.decode(value))]
-    segments = [e for e in made if e["kind"] == "remote_segment"]
-    assert sorted((e["segment_id"], e["state"]) for e in segments) == sorted(
+    segments = [e for e in made if isinstance(e, RemoteSegment)]
+    assert sorted((e.segment_id, e.state) for e in segments) == sorted(
         (segment, state)
         for segment, lived in states.items()
         if lived == deleted
         for state in ("copy_finished", "delete_finished")
     )
-    assert sum(e["kind"] == "remote_copy" for e in made) == len(states)
+    assert sum(isinstance(e, RemoteCopy) for e in made) == len(states)
     assert len(lifecycle) == sum(lived == copied[:1] for lived in states.values())
     # ... and the engine's validator accepts every one (one batched message).
-    parsed = parse_events([json.dumps(made).encode()])
+    parsed = parse_events([message.value for message in batched_messages(made, 1 << 20)])
     assert parsed.rejected.empty, parsed.rejected.to_dict("records")
     assert len(parsed.accepted) == len(made)
 
