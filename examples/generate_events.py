@@ -7,16 +7,16 @@ the committed file can be regenerated exactly.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from state.event_contract import encode
 from streaming.commands.traffic import traffic
 
 START = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
 
 def main() -> None:
-    lines = [json.dumps(event) for event in traffic(seconds=60, start_ms=START)]
+    lines = [encode(event).decode() for event in traffic(seconds=60, start_ms=START)]
     # A few malformed messages, as a misbehaving agent would send them.
     lines.insert(40, '{"kind": "produce", "user": "web", "bytes": "lots"}')
     lines.insert(

@@ -21,9 +21,9 @@ The embedded default publishes it live; ``examples/events.jsonl`` is one minute 
 
 from __future__ import annotations
 
-import json
 import logging
 import random
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -34,11 +34,20 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaError, KafkaTimeoutError
 
 from quotastream.producer_close import CLOSE_TIMEOUT_S, close_producer
+from quotastream.publisher import batched_messages
+from state.event_contract import (
+    Event,
+    Fetch,
+    Produce,
+    RemoteCopy,
+    RemoteFetch,
+    RemoteSegment,
+    Replication,
+    encode,
+)
 from streaming.engine.client_settings import settings_for
 
 log = logging.getLogger(__name__)
-
-Event = dict[str, Any]
 
 BROKERS = (1, 2, 3, 4, 5)
 #: Bytes per request a broker's agent assumes when it counts a client's requests.
@@ -135,35 +144,33 @@ class Scenario:
             for broker in client.brokers:
                 sent = int(per_broker * rng.uniform(0.6, 1.4))
                 events.append(
-                    {
-                        "kind": service.kind,
-                        "user": service.user,
-                        "client_id": client.client_id,
-                        "broker": broker,
-                        "bytes": sent,
-                        "count": max(1, sent // _REQUEST_BYTES),
-                        "ts": now + rng.randrange(1000),
-                    }
+                    (Produce if service.kind == "produce" else Fetch)(
+                        user=service.user,
+                        client_id=client.client_id,
+                        broker=broker,
+                        bytes=sent,
+                        count=max(1, sent // _REQUEST_BYTES),
+                        ts=now + rng.randrange(1000),
+                    )
                 )
         events.extend(self._bulk_loader(second, now))
         events.extend(self._tiered_storage(second, now))
         events.extend(self._reassignment(now))
-        events.sort(key=lambda event: int(event["ts"]))
+        events.sort(key=lambda event: event.ts)
         return events
 
     def _bulk_loader(self, second: int, now: int) -> list[Event]:
         # Bursts past its 5 MiB/s (user, client-id) quota for 10 s of every minute.
         burst = 20 <= second % 60 < 30
         return [
-            {
-                "kind": "produce",
-                "user": "ingest",
-                "client_id": "bulk-loader",
-                "broker": 1,
-                "bytes": 12_000_000 if burst else 2_000_000,
-                "count": 64 if burst else 12,
-                "ts": now + 500,
-            }
+            Produce(
+                user="ingest",
+                client_id="bulk-loader",
+                broker=1,
+                bytes=12_000_000 if burst else 2_000_000,
+                count=64 if burst else 12,
+                ts=now + 500,
+            )
         ]
 
     def _tiered_storage(self, second: int, now: int) -> list[Event]:
@@ -177,40 +184,37 @@ class Scenario:
         ]
         for broker, topic, partition in uploads:
             events.append(
-                {
-                    "kind": "remote_copy",
-                    "broker": broker,
-                    "topic": topic,
-                    "partition": partition,
-                    "bytes": 8_388_608,
-                    "ts": now + rng.randrange(1000),
-                }
+                RemoteCopy(
+                    broker=broker,
+                    topic=topic,
+                    partition=partition,
+                    bytes=8_388_608,
+                    ts=now + rng.randrange(1000),
+                )
             )
         for broker, client_id in ((1, "backfill"), (4, "audit-0")):
             events.append(
-                {
-                    "kind": "remote_fetch",
-                    "broker": broker,
-                    "topic": "clicks",
-                    "partition": 2 if broker == 1 else 7,
-                    "bytes": rng.randrange(1_000_000, 4_000_000),
-                    "ts": now + 250,
-                    "client_id": client_id,
-                }
+                RemoteFetch(
+                    broker=broker,
+                    topic="clicks",
+                    partition=2 if broker == 1 else 7,
+                    bytes=rng.randrange(1_000_000, 4_000_000),
+                    ts=now + 250,
+                    client_id=client_id,
+                )
             )
         if second % 15 == 0:
             events.append(
-                {
-                    "kind": "remote_segment",
-                    "broker": 3,
-                    "topic": "clicks",
-                    "partition": 0,
-                    "leader_epoch": 4,
-                    "segment_id": f"seg-{second}",
-                    "state": "copy_finished",
-                    "bytes": 8_388_608,
-                    "ts": now,
-                }
+                RemoteSegment(
+                    broker=3,
+                    topic="clicks",
+                    partition=0,
+                    leader_epoch=4,
+                    segment_id=f"seg-{second}",
+                    state="copy_finished",
+                    bytes=8_388_608,
+                    ts=now,
+                )
             )
         return events
 
@@ -221,17 +225,16 @@ class Scenario:
         for partition, leader in ((0, 1), (1, 2)):
             for replica, in_sync in ((3, False), (leader % 2 + 1, True)):
                 events.append(
-                    {
-                        "kind": "replication",
-                        "broker": leader,
-                        "role": "leader",
-                        "topic": "orders",
-                        "partition": partition,
-                        "replica": replica,
-                        "in_sync": in_sync,
-                        "bytes": rng.randrange(1_000_000, 3_000_000),
-                        "ts": now + rng.randrange(1000),
-                    }
+                    Replication(
+                        broker=leader,
+                        role="leader",
+                        topic="orders",
+                        partition=partition,
+                        replica=replica,
+                        in_sync=in_sync,
+                        bytes=rng.randrange(1_000_000, 3_000_000),
+                        ts=now + rng.randrange(1000),
+                    )
                 )
         return events
 
@@ -246,11 +249,12 @@ def messages(events: list[Event], events_per_message: int) -> Iterator[bytes]:
     """``events`` as Kafka message values: one JSON object each, or JSON arrays of up to
     ``events_per_message`` events (batched messages, docs/events.md)."""
     if events_per_message == 1:
-        for event in events:
-            yield json.dumps(event).encode()
+        yield from map(encode, events)
         return
     for first in range(0, len(events), events_per_message):
-        yield json.dumps(events[first : first + events_per_message]).encode()
+        # No byte bound: the array is as long as asked (the broker's message.max.bytes is).
+        (message,) = batched_messages(events[first : first + events_per_message], sys.maxsize)
+        yield message.value
 
 
 class LiveTraffic(threading.Thread):
