@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import redis
@@ -16,14 +16,14 @@ from quotastream.redis_contract import Decision, decision_key
 from state.config import QuotaConfig
 from state.quota_types import QuotaType
 from state.window import window_spec
-from streaming.commands.proxy import RunningProxy
 from streaming.engine.settings import EngineSettings
 from streaming.services import LocalService, free_ports
 from tests.servers import wait_until_in_sync
 
-QUOTAS = Path(__file__).resolve().parents[1] / "conf" / "quotas.yaml"
+if TYPE_CHECKING:
+    from streaming.commands.proxy import RunningProxy
 
-
+QUOTAS = Path(__file__).resolve().parents[2] / "conf" / "quotas.yaml"
 INSTANCE = "proxy-under-test"
 
 
