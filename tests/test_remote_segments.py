@@ -24,6 +24,7 @@ from quotastream.brokers.remote_log_metadata import (
 )
 from quotastream.brokers.segments import RefusedRecordError, SegmentEvent, SegmentLifecycle
 from state.event_contract import RemoteCopy, RemoteSegment
+from tests.support.published import assert_all_accepted
 
 TOPIC_ID = uuid.UUID(int=7)
 COPY_STARTED, COPY_FINISHED, DELETE_STARTED, DELETE_FINISHED = range(4)
@@ -169,7 +170,7 @@ def test_segments_interleaved_in_any_order_make_the_same_events(
 ) -> None:
     """Each segment's records in the order Kafka wrote them, the segments interleaved anyhow:
     one remote_copy per upload started, one copy_finished per finished upload, one
-    delete_finished per deletion, nothing else."""
+    delete_finished per deletion, nothing else; each accepted by the engine's validator."""
     queues = []
     for number, life in enumerate(lives):
         segment = uuid.UUID(int=number + 1)
@@ -193,3 +194,5 @@ def test_segments_interleaved_in_any_order_make_the_same_events(
     )
     assert made == wanted
     assert len(lifecycle) == sum(life != "deleted" for life in lives)
+    # What the bridge publishes of them, the engine's validator accepts.
+    assert_all_accepted(made_all, max_message_bytes=65_536)

@@ -94,6 +94,27 @@ def lineage_of(answers: Sequence[Answer], log_start_offset: int) -> tuple[Epochs
     return epochs, answers[0].end_offset
 
 
+def report_of(
+    leader: int,
+    partition: TopicPartition,
+    answers: Sequence[Answer],
+    log_start_offset: int,
+    ts: int,
+) -> LeaderEpochs:
+    """The ``leader_epochs`` event of one partition's :func:`walk` on ``leader``."""
+    epochs, log_end_offset = lineage_of(answers, log_start_offset)
+    return LeaderEpochs(
+        ts=ts,
+        bytes=0,
+        count=1,
+        broker=leader,
+        topic=partition.topic,
+        partition=partition.partition,
+        epochs=dict(epochs),
+        log_end_offset=log_end_offset,
+    )
+
+
 class LineageMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.published = Counter(
@@ -153,19 +174,7 @@ class LineageSource:
             walked = walk(self._ask, leader, current, log_starts)
             self._metrics.refused.inc(len(current) - len(walked))
             for partition, answers in sorted(walked.items()):
-                epochs, log_end_offset = lineage_of(answers, log_starts[partition])
-                reports.append(
-                    LeaderEpochs(
-                        ts=ts,
-                        bytes=0,
-                        count=1,
-                        broker=leader,
-                        topic=partition.topic,
-                        partition=partition.partition,
-                        epochs=dict(epochs),
-                        log_end_offset=log_end_offset,
-                    )
-                )
+                reports.append(report_of(leader, partition, answers, log_starts[partition], ts))
         return reports
 
     def _tiered_leaders(self) -> dict[TopicPartition, tuple[int, int]]:
