@@ -1,22 +1,19 @@
 from __future__ import annotations
 
+import ast
+import functools
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import pytest
 import yaml
 from hypothesis import settings
-from pyspark.sql import SparkSession
 
 from streaming.commands.cli import main
-from streaming.engine.job import local_spark
-from streaming.engine.kafka_source import close_worker_consumers
-from streaming.engine.settings import EngineSettings
 from streaming.engine.sinks import close_cached_clients
 from streaming.kafka_broker import (
     KafkaCluster,
@@ -27,6 +24,12 @@ from streaming.kafka_broker import (
 )
 from streaming.services import LocalService, start_redis
 from tests.servers import wait_until_registered
+from tests.support.replay import ReplayRun, ReplayRunner
+
+if TYPE_CHECKING:
+    # Imported where the fixture starts Spark: the pure suite (``-m "not spark and not servers"``)
+    # loads no pyspark (tests/test_pure_suite.py).
+    from pyspark.sql import SparkSession
 
 # CI runs the same examples every time so that a red build always reproduces; locally, hypothesis
 # explores new ones on each run, and ``scripts/test --explore`` (nightly-style) draws new ones in
@@ -72,8 +75,6 @@ LAYERS: Final[Mapping[str, str]] = {
     "test_counters.py": "agent",
     "test_lineage.py": "agent",
     "test_broker_metrics.py": "agent",
-    "test_publisher.py": "agent",
-    "test_event_contract.py": "agent",
     "test_redis_contract.py": "agent",
     "test_admin_cli.py": "admin",
     "test_cli.py": "admin",
@@ -111,6 +112,14 @@ LAYERS: Final[Mapping[str, str]] = {
     "test_docs_links.py": "project",
     "test_hypothesis_profiles.py": "project",
     "test_observability_config.py": "project",
+    "test_pure_suite.py": "project",
+}
+
+#: What a test file exercises besides its layer, by the packages it imports (pyproject.toml's
+#: markers): ``pytest -m proxy`` runs every test of the proxy, whatever its layer.
+COMPONENTS: Final[Mapping[str, tuple[str, ...]]] = {
+    "proxy": ("quotastream.proxy", "streaming.commands.proxy"),
+    "brokers": ("quotastream.brokers", "streaming.commands.brokers"),
 }
 
 SPARK: Final = "spark"
@@ -243,9 +252,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         )
     for item in items:
         item.add_marker(LAYERS[item.path.name])
+        for component in _components(item.path):
+            item.add_marker(component)
     for function in functions:
         for started in _started(function):
             function.add_marker(started)
+
+
+@functools.cache
+def _components(path: Path) -> frozenset[str]:
+    """The :data:`COMPONENTS` whose packages the test file at ``path`` imports."""
+    tree = ast.parse(path.read_bytes())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)} | {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    return frozenset(
+        component
+        for component, packages in COMPONENTS.items()
+        for module in imported
+        if module is not None
+        and any(module == package or module.startswith(f"{package}.") for package in packages)
+    )
 
 
 def _started(test: pytest.Function) -> set[str]:
@@ -272,13 +302,19 @@ def _cached_clients_closed() -> Iterator[None]:
     left connected to a broker the module stopped reconnects in kafka-python's background thread
     with the global ``random``'s jitter, under the hypothesis tests of later modules."""
     yield
-    close_worker_consumers()
+    # The Kafka source imports pyspark: a module that never imported it has no consumers cached.
+    kafka_source = sys.modules.get("streaming.engine.kafka_source")
+    if kafka_source is not None:
+        kafka_source.close_worker_consumers()
     close_cached_clients()
 
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """One local Spark for every test that runs queries in this process (it starts in ~10 s)."""
+    from streaming.engine.job import local_spark  # noqa: PLC0415 (pyspark: only with Spark)
+    from streaming.engine.settings import EngineSettings  # noqa: PLC0415
+
     session = local_spark(EngineSettings())
     yield session
     session.stop()
@@ -319,17 +355,6 @@ def redis_server() -> Iterator[LocalService]:
     """A real Redis (or Valkey) server on a free loopback port, one per test module."""
     with start_redis() as service:
         yield service
-
-
-@dataclass
-class ReplayRun:
-    exit_code: int
-    decisions: list[dict[str, Any]]
-    rejected: list[dict[str, Any]]
-    stderr: str
-
-
-ReplayRunner = Callable[..., ReplayRun]
 
 
 @pytest.fixture

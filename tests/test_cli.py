@@ -20,8 +20,8 @@ from state.events import parse_events
 from streaming.commands.cli import main
 from streaming.commands.exit_codes import EXIT_FAILURE, EXIT_USAGE
 from streaming.services import LocalService
-from tests.conftest import ReplayRunner
 from tests.support.factories import BASE, fetch, produce, remote, replication
+from tests.support.replay import ReplayRunner
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = {

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from state.event_contract import RejectReason
 from state.events import EVENT_COLUMNS, EventBounds, parse_events
-from tests.conftest import ReplayRunner
 from tests.support.factories import BASE, fetch, produce, remote, remote_segment, replication
+from tests.support.replay import ReplayRunner
 
 SEGMENT = {
     "kind": "remote_segment",

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ReplayRunner
 from tests.support.factories import BASE, fetch, produce, remote, replication
+from tests.support.replay import ReplayRunner
 
 DEFAULT = "<default>"
 
