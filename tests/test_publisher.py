@@ -15,15 +15,15 @@ from hypothesis import strategies as st
 from quotastream.publisher import batched_messages
 from state.event_contract import Fetch, Produce
 
-usage_events = st.builds(
-    st.sampled_from([Produce, Fetch]),
-    ts=st.integers(0, 2**53),
-    bytes=st.integers(0, 2**40),
-    count=st.integers(1, 10_000),
-    user=st.text(max_size=30),
-    client_id=st.text(max_size=30),
-    broker=st.integers(0, 5000),
-)
+usage_fields = {
+    "ts": st.integers(0, 2**53),
+    "bytes": st.integers(0, 2**40),
+    "count": st.integers(1, 10_000),
+    "user": st.text(max_size=30),
+    "client_id": st.text(max_size=30),
+    "broker": st.integers(0, 5000),
+}
+usage_events = st.one_of(st.builds(Produce, **usage_fields), st.builds(Fetch, **usage_fields))
 
 
 @settings(max_examples=150, deadline=None)
