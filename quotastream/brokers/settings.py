@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from quotastream.proxy.settings import ProxyMetricsSettings, UpstreamSettings
+from quotastream.agent_settings import ClusterLogin, MetricsEndpoint
 
 Millis = Annotated[int, Field(ge=1)]
 
@@ -98,7 +98,7 @@ class BrokersSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     #: The cluster whose brokers' own traffic is read and throttled.
-    cluster: UpstreamSettings = UpstreamSettings()
+    cluster: ClusterLogin = ClusterLogin()
     remote_log_metadata: RemoteLogMetadataSettings = RemoteLogMetadataSettings(enabled=False)
     leader_epochs: LeaderEpochsSettings = LeaderEpochsSettings()
     actuator: ActuatorSettings = ActuatorSettings()
@@ -107,4 +107,4 @@ class BrokersSettings(BaseModel):
     #: to ``max_retry_ms``).
     retry_ms: Millis = 500
     max_retry_ms: Millis = 30_000
-    metrics: ProxyMetricsSettings = ProxyMetricsSettings(port=9466)
+    metrics: MetricsEndpoint = MetricsEndpoint(port=9466)

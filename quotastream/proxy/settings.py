@@ -10,15 +10,14 @@ from __future__ import annotations
 import socket
 import ssl
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from quotastream.agent_settings import ClusterLogin, MetricsEndpoint
 from quotastream.cache import CacheSettings, FailurePolicy
 from quotastream.proxy.identity import INSPECTED_MECHANISMS
-from quotastream.proxy.routing import Address, parse_addresses
 
-Port = Annotated[int, Field(ge=0, le=65535)]
 Millis = Annotated[int, Field(ge=1)]
 
 
@@ -40,46 +39,6 @@ class ClientTlsSettings(BaseModel):
         if self.client_ca_file is not None:
             context.load_verify_locations(self.client_ca_file)
             context.verify_mode = ssl.CERT_REQUIRED
-        return context
-
-
-class UpstreamSettings(BaseModel):
-    """A cluster's brokers and how to reach them: the brokers behind the proxy, the cluster
-    ``quotastream brokers`` watches."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    bootstrap_servers: str = "127.0.0.1:9092"
-    #: kafka-python settings of the proxy's own connections to these brokers (it reads the
-    #: cluster's brokers with them): security_protocol, ssl_cafile, sasl_mechanism, ... A
-    #: security_protocol of SSL or SASL_SSL also makes every relayed connection TLS, with the
-    #: same ssl_cafile, ssl_certfile/ssl_keyfile and ssl_check_hostname.
-    client: dict[str, SecretStr] = {}
-
-    @model_validator(mode="after")
-    def _valid_servers(self) -> UpstreamSettings:
-        parse_addresses(self.bootstrap_servers)
-        return self
-
-    @property
-    def addresses(self) -> list[Address]:
-        return parse_addresses(self.bootstrap_servers)
-
-    def client_settings(self) -> dict[str, Any]:
-        """kafka-python settings with their secret values (never log the result)."""
-        return {name: secret.get_secret_value() for name, secret in self.client.items()}
-
-    def tls_context(self) -> ssl.SSLContext | None:
-        """The TLS context of relayed connections; None on plaintext brokers."""
-        options = self.client_settings()
-        if options.get("security_protocol", "PLAINTEXT") not in ("SSL", "SASL_SSL"):
-            return None
-        context = ssl.create_default_context(cafile=options.get("ssl_cafile"))
-        if options.get("ssl_certfile"):
-            context.load_cert_chain(
-                options["ssl_certfile"], options.get("ssl_keyfile"), options.get("ssl_password")
-            )
-        context.check_hostname = str(options.get("ssl_check_hostname", True)).lower() != "false"
         return context
 
 
@@ -108,17 +67,6 @@ class DecisionSettings(BaseModel):
         )
 
 
-class ProxyMetricsSettings(BaseModel):
-    """An agent's Prometheus endpoint (the proxy's; ``quotastream brokers``' on another port)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    enabled: bool = True
-    host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
-    #: 0: a free port.
-    port: Port = 9465
-
-
 class ProxySettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -129,7 +77,7 @@ class ProxySettings(BaseModel):
     bootstrap_port: Annotated[int, Field(ge=1, le=65535)] = 9192
     #: Broker node id N is reached through port node_port_base + N.
     node_port_base: Annotated[int, Field(ge=1, le=65535)] = 9200
-    upstream: UpstreamSettings = UpstreamSettings()
+    upstream: ClusterLogin = ClusterLogin()
     #: TLS towards clients; None: plaintext.
     tls: ClientTlsSettings | None = None
     #: The SASL mechanisms whose logins the proxy reads (the principal a client's bytes count
@@ -150,7 +98,7 @@ class ProxySettings(BaseModel):
     #: How long a stop waits for forwarded requests' responses before closing connections.
     drain_timeout_s: Annotated[float, Field(gt=0)] = 30.0
     decisions: DecisionSettings = DecisionSettings()
-    metrics: ProxyMetricsSettings = ProxyMetricsSettings()
+    metrics: MetricsEndpoint = MetricsEndpoint()
 
     @property
     def instance_name(self) -> str:
