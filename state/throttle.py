@@ -1,29 +1,52 @@
-"""Kafka's throttle time: ``round((rate - bound) / bound * window_size_ms)``, uncapped."""
+"""Kafka's throttle time: ``round((rate - bound) / bound * window_size_ms)``, uncapped.
+
+One formula for the engine (:func:`throttle_ms`, over a batch's columns) and the proxy
+(:func:`throttle_of`, one window at a time, in a process that loads no numpy): both round the
+same quotient the same way.
+"""
 
 from __future__ import annotations
 
-import numpy as np
-import numpy.typing as npt
+import math
+from typing import TYPE_CHECKING
 
-FloatArray = npt.NDArray[np.float64]
-Int64Array = npt.NDArray[np.int64]
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    FloatArray = npt.NDArray[np.float64]
+    Int64Array = npt.NDArray[np.int64]
 
 #: Largest throttle reported (2**53 - 1 ms, exact in JSON); only absurd rate/limit ratios reach it.
 MAX_THROTTLE_MS = 2**53 - 1
 
 
+def throttle_of(over_ms: float) -> int:
+    """Kafka's throttle of a window ``over_ms = (rate - bound) / bound * window_size_ms`` past
+    its bound (0 or less: within it).
+
+    Kafka rounds (``Math.round``: half up), so an overshoot worth under half a millisecond would
+    throttle for 0 ms while still counting as a violation. quotastream reports at least 1 ms
+    instead, so that a throttle time of 0 means exactly "within quota" (``docs/semantics.md``).
+    """
+    if not over_ms > 0:
+        return 0
+    if over_ms >= MAX_THROTTLE_MS:  # also an infinite quotient: a limit of 0 no byte fits
+        return MAX_THROTTLE_MS
+    return max(math.floor(over_ms + 0.5), 1)
+
+
 def java_round(values: FloatArray) -> FloatArray:
     """``Math.round`` as Java does it (half up), not Python's round-half-to-even."""
+    import numpy as np  # noqa: PLC0415 (the proxy imports this module and loads no numpy)
+
     return np.floor(values + 0.5)
 
 
 def throttle_ms(rate: FloatArray, limit: FloatArray, window_size_ms: Int64Array) -> Int64Array:
-    """Throttle time per event; ``limit`` is ``inf`` where no quota applies.
+    """:func:`throttle_of` per event; ``limit`` is ``inf`` where no quota applies."""
+    import numpy as np  # noqa: PLC0415 (as above)
 
-    Kafka rounds, so an overshoot worth under half a millisecond would throttle for 0 ms while
-    still counting as a violation. quotastream reports at least 1 ms instead, so that a throttle
-    time of 0 means exactly "within quota" (``docs/semantics.md``).
-    """
     exceeded = rate > limit
     delay = np.zeros(len(rate), dtype=np.int64)
     over = np.flatnonzero(exceeded)

@@ -69,7 +69,7 @@ def await_metric(
     deadline = time.monotonic() + 10
     while not until(value := proxy.registry.get_sample_value(name, labels) or 0.0):
         assert time.monotonic() < deadline, f"{name}{labels} stayed {value}"
-        proxy.proxy.context.holds.refresh()
+        proxy.proxy.holds.refresh()
     return value
 
 

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from quotastream.cache import CachedQuotaClient
 from quotastream.client import QuotaClient
-from quotastream.proxy.holds import ClientKey, Holds
+from quotastream.proxy.hold_window import ClientKey
+from quotastream.proxy.holds import Holds
 from quotastream.proxy.settings import DecisionSettings
 from quotastream.redis_contract import Decision
 from state.config import parse_quota_config
@@ -82,8 +83,7 @@ class Scene:
             decisions,
             refresh_ms=settings.refresh_ms,
             idle_ms=60_000,
-            clock=self.clock.monotonic,
-            wall_clock_ms=self.clock.wall_ms,
+            clock=self.clock,
         )
 
     def decide(self, key: ClientKey, window_bytes: int, at_ms: int) -> None:

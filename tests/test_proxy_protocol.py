@@ -32,9 +32,9 @@ from kafka.protocol.sasl import (
 
 from quotastream.client import QuotaClient
 from quotastream.proxy import wire
-from quotastream.proxy.connection import FrameReader
+from quotastream.proxy.frames import FrameReader
+from quotastream.proxy.handler import ANONYMOUS
 from quotastream.proxy.identity import (
-    ANONYMOUS,
     Identity,
     UnreadablePrincipalError,
     plain_user,

@@ -44,135 +44,23 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Final
 
 from quotastream.cache import CachedQuotaClient, Source
+from quotastream.clock import SYSTEM_CLOCK, Clock
+from quotastream.proxy.hold_window import (
+    ClientKey,
+    Forwarded,
+    headroom_of,
+    held_until,
+    hold_end,
+    window_over_ms,
+)
 from quotastream.redis_contract import Decision
-from state.window import spread_over, window_at
 
 log = logging.getLogger(__name__)
-
-#: (quota, user, client-id, broker): what a client's decision is looked up by.
-ClientKey = tuple[str, str, str, int]
-
-
-class Forwarded:
-    """The counted bytes forwarded per client, for as long as they may count in its window.
-
-    Bytes a decision has counted are folded into the window's aligned samples (a sum and the
-    last millisecond per sample, at most ``samples + 1`` of them per client); the ones since are
-    kept by the millisecond, to tell them apart from what the next decision counts.
-
-    :meth:`record` runs on the connections' event loop, :meth:`fold` and :meth:`forget_until` on
-    the refresh thread, :meth:`samples` on both. A deque's append and popleft are atomic, copies
-    are taken in one C call under the GIL, and a millisecond bucket is added to in place; a bucket
-    is added to its sample before it leaves the deque, so a reader may count it twice for an
-    instant, never miss it (bytes added to a bucket as it is folded belong to the decision's own
-    millisecond, which the engine may have counted already).
-
-    Memory: per client, a bucket per millisecond with traffic since its decision (the engine's
-    latency: a second or two; for an undecided client, the window's span) and a dozen samples."""
-
-    def __init__(self) -> None:
-        self._sent: dict[ClientKey, deque[list[int]]] = {}
-        #: Per client: the sample width and ``{sample: [bytes, last ms]}`` folded so far.
-        self._folded: dict[ClientKey, tuple[int, dict[int, list[int]]]] = {}
-        #: Per client: the sample width and ``{sample: [bytes, last ms]}`` of every byte recorded
-        #: (folded or not) while a window may count it. Only :meth:`record` adds to it, so that
-        #: measuring the window now costs a dozen samples, not a walk of the buckets.
-        self._totals: dict[ClientKey, tuple[int, dict[int, list[int]]]] = {}
-
-    def record(self, key: ClientKey, nbytes: int, now_ms: int, window_ms: int) -> None:
-        sent = self._sent.get(key)
-        if sent is None:
-            sent = self._sent[key] = deque()
-        if sent and sent[-1][0] == now_ms:
-            sent[-1][1] += nbytes
-        else:
-            sent.append([now_ms, nbytes])
-        width, totals = self._totals.get(key, (0, {}))
-        if width != window_ms:  # new, or the live configuration changed the quota's samples
-            totals = {}
-            self._totals[key] = (window_ms, totals)
-        total = totals.get(now_ms // window_ms)
-        if total is None:
-            totals[now_ms // window_ms] = [nbytes, now_ms]
-        else:
-            total[0] += nbytes
-            total[1] = max(total[1], now_ms)
-
-    def samples(
-        self, keys: Iterable[ClientKey], window_ms: int, split_ms: int
-    ) -> tuple[dict[int, tuple[int, int]], dict[int, tuple[int, int]]]:
-        """The bytes forwarded for ``keys`` as a window's aligned samples, ``{sample: (bytes,
-        last forwarded ms)}``: those up to ``split_ms`` (it must not be before what was folded),
-        and all of them. The first walks the buckets up to ``split_ms`` only: once a refresh has
-        folded a decision's, none."""
-        until: dict[int, tuple[int, int]] = {}
-        everything: dict[int, tuple[int, int]] = {}
-
-        def add(samples: dict[int, tuple[int, int]], sample: int, nbytes: int, last: int) -> None:
-            total, latest = samples.get(sample, (0, last))
-            samples[sample] = (total + nbytes, max(latest, last))
-
-        for key in keys:
-            width, folded = self._folded.get(key, (window_ms, {}))
-            if width == window_ms:
-                for sample, (nbytes, last) in dict(folded).items():
-                    add(until, sample, nbytes, last)
-            for at, nbytes in tuple(self._sent.get(key, ())):
-                if at > split_ms:
-                    break  # recorded in time order
-                add(until, at // window_ms, nbytes, at)
-            width, totals = self._totals.get(key, (window_ms, {}))
-            if width == window_ms:
-                for sample, (nbytes, last) in dict(totals).items():
-                    add(everything, sample, nbytes, last)
-        return until, everything
-
-    def fold(self, key: ClientKey, until_ms: int, window_ms: int, oldest_sample: int) -> None:
-        """Folds the buckets at or before ``until_ms`` into their samples, and drops what is
-        before ``oldest_sample`` (no window counts it any more)."""
-        width, folded = self._folded.get(key, (window_ms, {}))
-        if width != window_ms:  # the live configuration changed the quota's samples
-            folded = {}
-        self._folded[key] = (window_ms, folded)
-        sent = self._sent.get(key)
-        while sent and sent[0][0] <= until_ms:
-            at, nbytes = sent[0]
-            bucket = folded.setdefault(at // window_ms, [0, at])
-            bucket[0] += nbytes
-            bucket[1] = max(bucket[1], at)
-            sent.popleft()
-        for sample in [sample for sample in folded if sample < oldest_sample]:
-            del folded[sample]
-        while sent and sent[0][0] // window_ms < oldest_sample:
-            sent.popleft()
-        self._forget_samples_before(key, oldest_sample)
-
-    def _forget_samples_before(self, key: ClientKey, oldest_sample: int) -> None:
-        """Drops the totals' samples before ``oldest_sample``: old ones, which :meth:`record`
-        (the current sample's only writer) no longer touches."""
-        _, totals = self._totals.get(key, (0, {}))
-        for sample in [sample for sample in list(totals) if sample < oldest_sample]:
-            totals.pop(sample, None)
-
-    def forget_until(self, key: ClientKey, until_ms: int) -> None:
-        """Drops the buckets at or before ``until_ms`` (of a client no decision counts)."""
-        self._folded.pop(key, None)
-        sent = self._sent.get(key)
-        while sent and sent[0][0] <= until_ms:
-            sent.popleft()
-        width, _ = self._totals.get(key, (1, {}))
-        self._forget_samples_before(key, until_ms // width + 1)
-
-    def forget(self, key: ClientKey) -> None:
-        self._sent.pop(key, None)
-        self._folded.pop(key, None)
-        self._totals.pop(key, None)
 
 
 class Holds:
@@ -181,14 +69,12 @@ class Holds:
         decisions: CachedQuotaClient,
         refresh_ms: int,
         idle_ms: int,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._decisions = decisions
         self._refresh_s = refresh_ms / 1000
         self._idle_s = idle_ms / 1000
         self._clock = clock
-        self._wall_clock_ms = wall_clock_ms
         self.forwarded = Forwarded()
         #: How many brokers clients fetch from (a cluster-wide fetch quota's window is shared).
         self._brokers: Callable[[], int] = lambda: 1
@@ -223,7 +109,7 @@ class Holds:
 
     def remaining_ms(self, key: ClientKey) -> int:
         """How long the client is still held (0: not held); a dictionary read."""
-        now = self._clock()
+        now = self._clock.monotonic()
         if key not in self._seen:
             self._wake.set()
         self._seen[key] = now
@@ -242,50 +128,17 @@ class Holds:
         if decided is None:
             return 0
         decision, keys = decided
-        now_ms = self._wall_clock_ms()
+        now_ms = self._clock.wall_ms()
         return max(self.held_until(decision, keys, now_ms, nbytes) - now_ms, 0)
 
     def held_until(
         self, decision: Decision, keys: Iterable[ClientKey], now_ms: int, extra_bytes: int = 0
     ) -> int:
         """When (wall ms) a throttle by ``decision`` ends, measured at ``now_ms`` with the bytes
-        forwarded for its entity's ``keys`` and ``extra_bytes`` more: Kafka's throttle
-        ``window_ms x (bytes / window_ms - limit) / limit`` of the window as it is now.
-
-        The decision counted ``rate x window_ms`` bytes at ``decided_at``; of those, the ones this
-        proxy forwarded are measured again from its own count (``Forwarded``), so that they leave
-        the window as it slides, and the bytes it forwarded since are added; the rest (forwarded
-        by other proxies, at times it does not know) are placed evenly over the decision's window
-        (``spread_over``), and leave it as a steady stream's would. Measured at ``decided_at`` it
-        is the decision's own ``until``; later, each byte adds ``1 / limit`` seconds, and a
-        sample leaving the window takes its bytes with it, as a broker measures each request when
-        it arrives. A decision that does not bind holds nobody; without a limit to divide by
-        (unlimited, or a limit of 0, which no byte fits) it holds until ``until``."""
-        return _end(decision, self._over_ms(decision, keys, now_ms, extra_bytes), now_ms)
-
-    def _over_ms(
-        self, decision: Decision, keys: Iterable[ClientKey], now_ms: int, extra_bytes: int = 0
-    ) -> float | None:
-        """How far (ms) the entity's window measured at ``now_ms`` is over ``decision``'s limit
-        (negative: how far under it); None where bytes do not decide a hold (the decision does
-        not bind, or has no limit to divide by)."""
-        if not decision.enforced or decision.limit is None or decision.limit <= 0:
-            return None
-        keys = tuple(keys)
+        forwarded for its entity's ``keys`` and ``extra_bytes`` more (``hold_window``), under the
+        quota's window as the configuration followed now has it."""
         spec = self._decisions.client.window_of(decision.quota)
-        decided_at = decision.decided_at
-        until_decided, forwarded = self.forwarded.samples(keys, spec.window_ms, decided_at)
-        counted = window_at(until_decided, decided_at, spec)
-        by_others = max(decision.rate * decision.window_ms / 1000 - counted.nbytes, 0.0)
-        samples = spread_over(
-            forwarded,
-            by_others,
-            decided_at + 1 - decision.window_ms,  # the window_ms ms up to decided_at
-            decided_at + 1,
-            spec.window_ms,
-        )
-        window = window_at(samples, max(now_ms, decided_at), spec)
-        return (window.nbytes + extra_bytes) / decision.limit * 1000 - window.size_ms
+        return held_until(decision, spec, self.forwarded, keys, now_ms, extra_bytes)
 
     def record_forwarded(self, key: ClientKey, nbytes: int, now_ms: int) -> int:
         """Counts ``nbytes`` forwarded for the client at ``now_ms`` and checks its quota as a
@@ -323,14 +176,15 @@ class Holds:
     def _measure(self, decision: Decision, keys: tuple[ClientKey, ...], now_ms: int) -> int:
         """Measures the entity's window at ``now_ms``: holds each of its ``keys`` (never
         shortening a hold) and keeps the headroom left; the hold in ms from now."""
-        over_ms = self._over_ms(decision, keys, now_ms)
-        self._headroom[decision.key] = _headroom(decision, over_ms)
+        spec = self._decisions.client.window_of(decision.quota)
+        over_ms = window_over_ms(decision, spec, self.forwarded, keys, now_ms)
+        self._headroom[decision.key] = headroom_of(decision, over_ms)
         if over_ms is None:  # held by the decision's until alone, as the last refresh left it
             return 0
-        held_ms = _end(decision, over_ms, now_ms) - now_ms
+        held_ms = hold_end(decision, over_ms, now_ms) - now_ms
         if held_ms <= 0:
             return 0
-        until = self._clock() + held_ms / 1000
+        until = self._clock.monotonic() + held_ms / 1000
         for key in keys:
             if self._until.get(key, 0.0) < until:
                 self._until[key] = until
@@ -349,7 +203,7 @@ class Holds:
 
     def refresh(self) -> None:
         """Looks up every client seen within ``idle_ms`` (one pass of the refresh thread)."""
-        now = self._clock()
+        now = self._clock.monotonic()
         decided: dict[ClientKey, Decision] = {}
         for key, seen in list(self._seen.items()):
             if now - seen > self._idle_s:
@@ -370,12 +224,12 @@ class Holds:
                 # nothing, as a broker measures a client it has just met.
                 decided[key] = self._decisions.client.undecided(*key)
             elif answer.throttle_ms > 0:
-                self._until[key] = self._clock() + answer.throttle_ms / 1000
+                self._until[key] = self._clock.monotonic() + answer.throttle_ms / 1000
             else:
                 self._until.pop(key, None)
             if key not in decided:
                 span_ms = self._decisions.client.window_of(key[0]).span_ms
-                self.forwarded.forget_until(key, self._wall_clock_ms() - span_ms)
+                self.forwarded.forget_until(key, self._clock.wall_ms() - span_ms)
         self._window_ms = {}  # resolved again with the configuration just followed
         self._hold_for_forwarded(decided)
 
@@ -387,18 +241,19 @@ class Holds:
         for key, decision in decided.items():
             keys_of[decision.key].append(key)
         self._decided = {key: (d, tuple(keys_of[d.key])) for key, d in decided.items()}
-        wall_ms, now = self._wall_clock_ms(), self._clock()
+        wall_ms, now = self._clock.wall_ms(), self._clock.monotonic()
         headroom: dict[tuple[str, str], float] = {}
         for entity, keys in keys_of.items():
             decision = decided[keys[0]]
-            over_ms = self._over_ms(decision, keys, wall_ms)
-            until_ms = _end(decision, over_ms, wall_ms)
+            spec = self._decisions.client.window_of(decision.quota)
+            over_ms = window_over_ms(decision, spec, self.forwarded, keys, wall_ms)
+            until_ms = hold_end(decision, over_ms, wall_ms)
             for key in keys:
                 if until_ms > wall_ms:
                     self._until[key] = now + (until_ms - wall_ms) / 1000
                 else:
                     self._until.pop(key, None)
-            headroom[entity] = _headroom(decision, over_ms)
+            headroom[entity] = headroom_of(decision, over_ms)
         self._headroom = headroom
         for key, decision in decided.items():
             spec = self._decisions.client.window_of(key[0])
@@ -416,20 +271,3 @@ class Holds:
             except Exception:  # a refused command, a bug: log it, keep the last answers
                 log.exception("refreshing the decisions failed; holds stay as they were")
             self._wake.wait(self._refresh_s)
-
-
-def _end(decision: Decision, over_ms: float | None, now_ms: int) -> int:
-    """When (wall ms) a hold by ``decision`` ends, its window ``over_ms`` over its limit at
-    ``now_ms`` (:meth:`Holds._over_ms`)."""
-    if over_ms is None:
-        return now_ms if not decision.enforced else decision.until
-    # Rounded first: bytes spread over samples sum to a hair more than they were.
-    return max(now_ms, decision.decided_at) + max(math.ceil(round(over_ms, 6)), 0)
-
-
-def _headroom(decision: Decision, over_ms: float | None) -> float:
-    """The bytes a window ``over_ms`` over ``decision``'s limit has room for (none while over;
-    unbounded where bytes decide no hold)."""
-    if over_ms is None or decision.limit is None:
-        return math.inf
-    return max(-over_ms, 0.0) * decision.limit / 1000

@@ -17,16 +17,18 @@ import logging
 from dataclasses import dataclass
 from typing import Final
 
+from quotastream.proxy import wire
+from quotastream.proxy.handler import ANONYMOUS
+
 log = logging.getLogger(__name__)
 
-ANONYMOUS: Final = "ANONYMOUS"
 
 #: SaslAuthenticate round trips to the end of a successful login, per mechanism.
 _STEPS: Final = {"PLAIN": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2}
 INSPECTED_MECHANISMS: Final = tuple(_STEPS)
 
 
-class UnreadablePrincipalError(ValueError):
+class UnreadablePrincipalError(wire.MalformedFrameError):
     """A login whose principal the proxy cannot read (mechanism or message)."""
 
 

@@ -182,6 +182,11 @@ def produce_acks(header: RequestHeader, payload: memoryview) -> int:
     return acks
 
 
+def expects_response(header: RequestHeader, payload: memoryview) -> bool:
+    """Whether the broker answers the request: all do but an ``acks=0`` Produce."""
+    return header.api_key != PRODUCE or produce_acks(header, payload) != 0
+
+
 def fetch_max_bytes_offset(header: RequestHeader, payload: memoryview) -> int | None:
     """Where a Fetch request's ``max_bytes`` sits (v3+: after ``replica_id`` (v0-14),
     ``max_wait_ms`` and ``min_bytes``); None before v3, which has none."""
@@ -349,6 +354,19 @@ def emptied_fetch_response(
         fields["session_id"] = read_int32(payload, throttle_offset + 6)
     message = RESPONSES[FETCH](version=version, **fields)
     return encode_response(FETCH, api_version, correlation_id, message)
+
+
+def fetch_counted_bytes(api_version: int, payload: memoryview, tagged: bool) -> int:
+    """What a broker's fetch quota records for a Fetch response (``FetchResponse.sizeOf``): its
+    size without the response header, and without the ``NodeEndpoints`` it adds after counting
+    (``tagged``: the response carries them; then it is decoded, a rare case: a leader moved)."""
+    header_size = response_header_size(FETCH, api_version, payload)
+    if not tagged:
+        return len(payload) - header_size + 4
+    message = decode_response(FETCH, api_version, payload)
+    message.node_endpoints = []
+    unpointed = encode_response(FETCH, api_version, read_int32(payload, 0), message)
+    return len(unpointed) - header_size
 
 
 def read_int32(payload: memoryview | bytearray, offset: int) -> int:
