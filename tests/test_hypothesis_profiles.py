@@ -16,7 +16,7 @@ PROFILES: list[tuple[dict[str, str], str]] = [
     ({"CI": "true"}, "True 100"),
     ({"CI": "true", "QUOTASTREAM_HYPOTHESIS": "explore"}, "False 1000"),
 ]
-# One process for every environment: importing tests.conftest (pyspark with it) is two seconds,
+# One process for every environment: importing tests.conftest (the engine's CLI with it) is seconds,
 # reloading it is not. The default profile goes back in before each reload, as in a new process.
 _SHOW = """
 import importlib, json, os, sys
