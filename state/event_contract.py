@@ -9,8 +9,11 @@ over whole columns (numpy, pandas and pyarrow: not here). Constraints (``Meta``)
 decode, not on construction: a publisher's output is held to them by
 ``tests/test_event_contract.py``, which feeds every publisher's events to the validator.
 
-Encoded, an event carries every field, ``null`` for an optional one it leaves out: what
-decodes is what was built.
+Encoded, an event of a kind with optional fields (``remote_copy``, ``remote_fetch``,
+``replication``, ``remote_segment``) leaves out each field at its default, ``count`` of 1
+included, as the bridge, the metrics source and ``simulate`` always wrote them; ``produce``,
+``fetch`` and ``leader_epochs`` events carry every field, as the proxy and the lineage source
+always wrote them. Either way, what decodes is what was built.
 """
 
 from __future__ import annotations
@@ -90,14 +93,14 @@ class Fetch(Produce, tag="fetch", kw_only=True):
     pass
 
 
-class RemoteCopy(Event, tag="remote_copy", kw_only=True):
+class RemoteCopy(Event, tag="remote_copy", kw_only=True, omit_defaults=True):
     broker: BrokerId
     topic: Topic
     partition: Partition
     client_id: ClientId | None = None
 
 
-class RemoteFetch(Event, tag="remote_fetch", kw_only=True):
+class RemoteFetch(Event, tag="remote_fetch", kw_only=True, omit_defaults=True):
     broker: BrokerId
     topic: Topic
     #: None: the topic's partitions together (a broker's per-topic counter).
@@ -109,7 +112,7 @@ class RemoteFetch(Event, tag="remote_fetch", kw_only=True):
 _REPLICA_FIELDS: Final = ("topic", "partition", "replica", "in_sync")
 
 
-class Replication(Event, tag="replication", kw_only=True):
+class Replication(Event, tag="replication", kw_only=True, omit_defaults=True):
     broker: BrokerId
     role: Literal["leader", "follower"]
     #: All four, or none: a broker-wide count (a broker's replication counters name no
@@ -128,7 +131,7 @@ class Replication(Event, tag="replication", kw_only=True):
             )
 
 
-class RemoteSegment(Event, tag="remote_segment", kw_only=True):
+class RemoteSegment(Event, tag="remote_segment", kw_only=True, omit_defaults=True):
     broker: BrokerId
     topic: Topic
     partition: Partition
