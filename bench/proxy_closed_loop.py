@@ -48,6 +48,8 @@ from kafka.net.compat import KafkaNetClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the client libraries
 
+import itertools
+
 from state.config import load_quota_config
 from streaming.commands.proxy import RunningProxy
 from streaming.engine.job import local_spark, start_query
@@ -89,7 +91,7 @@ def longest_gap_s(acks: Acks) -> float:
     """The longest time between two acknowledgements (or received records): how long a client
     was held at once, or stalled."""
     times = sorted(at for at, _ in acks)
-    return max((later - earlier for earlier, later in zip(times, times[1:])), default=0.0)
+    return max((later - earlier for earlier, later in itertools.pairwise(times)), default=0.0)
 
 
 def set_kafka_quotas(address: str, client_ids: list[str], per_broker: int) -> None:

@@ -25,7 +25,8 @@ from quotastream.proxy.metrics import ProxyMetrics
 from quotastream.proxy.routing import Routes
 from quotastream.proxy.settings import ProxySettings
 from quotastream.proxy.transports import ClientSide
-from quotastream.proxy.usage import UsagePublisher, UsageSums
+from quotastream.proxy.usage import UsageSums
+from quotastream.publisher import QueuedPublisher
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class Proxy:
         settings: ProxySettings,
         *,
         holds: Holds,
-        publisher: UsagePublisher,
+        publisher: QueuedPublisher,
         windows_ms: dict[str, int],
         metrics: ProxyMetrics,
         read_brokers: BrokerReader,
@@ -108,7 +109,7 @@ class Proxy:
     def longest_stop_s(self) -> float:
         """How long :meth:`stop` may take: each of its waits at its bound."""
         drain = self.settings.drain_timeout_s
-        return drain + UsagePublisher.longest_close_s(drain) + Holds.STOP_TIMEOUT_S
+        return drain + QueuedPublisher.longest_close_s(drain) + Holds.STOP_TIMEOUT_S
 
     async def stop(self) -> None:
         """Stops accepting, drains forwarded requests, publishes the last usage, closes."""

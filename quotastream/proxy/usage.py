@@ -31,8 +31,6 @@ _EVENT_OF_KIND: Final = {PRODUCE: Produce, FETCH: Fetch}
 
 #: The message header naming the proxy instance that published a message.
 INSTANCE_HEADER: Final = "quotastream-proxy"
-#: What the proxy publishes with (its module named it so; :mod:`.server` takes it by this name).
-UsagePublisher = QueuedPublisher
 
 
 @dataclass(frozen=True, slots=True)
