@@ -152,18 +152,20 @@ class Chain:
         self._responses: dict[int, tuple[Handler, ...]] = {}
 
     def for_request(self, api_key: int) -> tuple[Handler, ...]:
-        found = self._requests.get(api_key)
-        if found is None:
-            found = self._requests[api_key] = tuple(
-                h for h in self._handlers if _declares(h.requests, api_key)
-            )
-        return found
+        return self._declaring(self._requests, api_key, responses=False)
 
     def for_response(self, api_key: int) -> tuple[Handler, ...]:
-        found = self._responses.get(api_key)
+        return self._declaring(self._responses, api_key, responses=True)
+
+    def _declaring(
+        self, known: dict[int, tuple[Handler, ...]], api_key: int, *, responses: bool
+    ) -> tuple[Handler, ...]:
+        found = known.get(api_key)
         if found is None:
-            found = self._responses[api_key] = tuple(
-                h for h in self._handlers if _declares(h.responses, api_key)
+            found = known[api_key] = tuple(
+                handler
+                for handler in self._handlers
+                if _declares(handler.responses if responses else handler.requests, api_key)
             )
         return found
 

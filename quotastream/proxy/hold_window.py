@@ -174,20 +174,6 @@ def window_over_ms(  # noqa: PLR0917 (the window's five inputs, and the bytes as
     return (window.nbytes + extra_bytes) / decision.limit * 1000 - window.size_ms
 
 
-def held_until(  # noqa: PLR0917 (the window's five inputs, and the bytes asked about)
-    decision: Decision,
-    spec: WindowSpec,
-    forwarded: Forwarded,
-    keys: Iterable[ClientKey],
-    now_ms: int,
-    extra_bytes: int = 0,
-) -> int:
-    """When (wall ms) a hold by ``decision`` ends, its window measured at ``now_ms``
-    (:func:`window_over_ms`)."""
-    over_ms = window_over_ms(decision, spec, forwarded, keys, now_ms, extra_bytes)
-    return hold_end(decision, over_ms, now_ms)
-
-
 def hold_end(decision: Decision, over_ms: float | None, now_ms: int) -> int:
     """When (wall ms) a hold by ``decision`` ends, its window ``over_ms`` over its limit at
     ``now_ms``: Kafka's throttle of it, from then. Without bytes to decide (None), the decision's

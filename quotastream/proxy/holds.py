@@ -54,7 +54,6 @@ from quotastream.proxy.hold_window import (
     ClientKey,
     Forwarded,
     headroom_of,
-    held_until,
     hold_end,
     window_over_ms,
 )
@@ -138,7 +137,8 @@ class Holds:
         forwarded for its entity's ``keys`` and ``extra_bytes`` more (``hold_window``), under the
         quota's window as the configuration followed now has it."""
         spec = self._decisions.client.window_of(decision.quota)
-        return held_until(decision, spec, self.forwarded, keys, now_ms, extra_bytes)
+        over_ms = window_over_ms(decision, spec, self.forwarded, keys, now_ms, extra_bytes)
+        return hold_end(decision, over_ms, now_ms)
 
     def record_forwarded(self, key: ClientKey, nbytes: int, now_ms: int) -> int:
         """Counts ``nbytes`` forwarded for the client at ``now_ms`` and checks its quota as a
