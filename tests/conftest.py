@@ -70,6 +70,7 @@ LAYERS: Final[Mapping[str, str]] = {
     "test_outage_clock.py": "agent",
     "test_proxy_protocol.py": "agent",
     "test_proxy_connection.py": "agent",
+    "test_proxy_hold_window.py": "agent",
     "test_import_graph.py": "project",
     "test_proxy_holds.py": "agent",
     "test_remote_segments.py": "agent",
