@@ -51,14 +51,6 @@ class _Sum:
         self.ts = 0
 
 
-@dataclass
-class Dropped:
-    """What could not be published, by reason (a metric and a log line, never silent)."""
-
-    events: int = 0
-    bytes: int = 0
-
-
 class UsageSums:
     """Per-sample sums of counted bytes; owned by the proxy's event loop thread."""
 
