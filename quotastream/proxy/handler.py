@@ -15,7 +15,6 @@ APIs mean. Counting one more API is a change to one handler.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import ClassVar, Final, Protocol
 
 from quotastream.proxy import wire
@@ -46,22 +45,29 @@ class HandlerContext(Protocol):
         ...
 
 
-@dataclass(slots=True)
 class Request:
     """A request on its way to the broker: its header, and its whole frame (length prefix
-    included), which a handler may replace."""
+    included), which a handler may replace (:meth:`replace`).
 
-    header: wire.RequestHeader
-    frame: memoryview | bytes | bytearray
-    #: When the chain ran for it (wall ms, the connection's clock).
-    at_ms: int = 0
-    #: It has waited out a hold a handler asked for.
-    waited_out: bool = False
-    _expects_response: bool | None = None
+    Plain slots, not a dataclass: one is made per request on the proxy's hot path."""
 
-    @property
-    def payload(self) -> memoryview:
-        return memoryview(self.frame)[4:]
+    __slots__ = ("_expects_response", "at_ms", "frame", "header", "payload", "waited_out")
+
+    def __init__(self, header: wire.RequestHeader, frame: memoryview) -> None:
+        self.header = header
+        self.frame: memoryview | bytes | bytearray = frame
+        #: The frame without its length prefix.
+        self.payload = frame[4:]
+        #: When the chain ran for it (wall ms, the connection's clock).
+        self.at_ms = 0
+        #: It has waited out a hold a handler asked for.
+        self.waited_out = False
+        self._expects_response: bool | None = None
+
+    def replace(self, frame: bytes | bytearray) -> None:
+        """The frame the broker gets instead."""
+        self.frame = frame
+        self.payload = memoryview(frame)[4:]
 
     @property
     def expects_response(self) -> bool:
@@ -71,27 +77,23 @@ class Request:
         return self._expects_response
 
 
-@dataclass(slots=True)
 class Response:
     """A broker's response on its way to the client: the header of its request, and its whole
-    frame, which a handler may replace (:meth:`replace`)."""
+    frame, which a handler may replace (:meth:`replace`). Plain slots, as :class:`Request`."""
 
-    request: wire.RequestHeader
-    frame: memoryview | bytes | bytearray
-    at_ms: int = 0
-    #: What a broker's quota records for this response (set by who empties it); None: not
-    #: worked out yet (:attr:`counted_bytes`).
-    _counted: int | None = None
-    _layout: wire.ThrottledResponse | None = None
-    #: The frame as the broker sent it.
-    _original: memoryview | bytes | bytearray = field(default=b"", repr=False)
+    __slots__ = ("_counted", "_layout", "_original", "at_ms", "frame", "payload", "request")
 
-    def __post_init__(self) -> None:
-        self._original = self.frame
-
-    @property
-    def payload(self) -> memoryview:
-        return memoryview(self.frame)[4:]
+    def __init__(self, request: wire.RequestHeader, frame: memoryview, at_ms: int) -> None:
+        self.request = request
+        self.frame: memoryview | bytes | bytearray = frame
+        self.payload = frame[4:]
+        self.at_ms = at_ms
+        #: The frame as the broker sent it.
+        self._original = frame
+        #: What a broker's quota records for this response (set by who empties it); None: not
+        #: worked out yet (:attr:`counted_bytes`).
+        self._counted: int | None = None
+        self._layout: wire.ThrottledResponse | None = None
 
     @property
     def layout(self) -> wire.ThrottledResponse:
@@ -107,7 +109,7 @@ class Response:
         """The bytes a broker's fetch quota records for this response, as the broker sent it
         (``FetchResponse.sizeOf``, before any ``NodeEndpoints``)."""
         if self._counted is None:
-            original = memoryview(self._original)[4:]
+            original = self._original[4:]
             version = self.request.api_version
             layout = (
                 self.layout
@@ -117,12 +119,11 @@ class Response:
             self._counted = wire.fetch_counted_bytes(version, original, layout.tagged)
         return self._counted
 
-    def replace(
-        self, frame: memoryview | bytes | bytearray, counted_bytes: int | None = None
-    ) -> None:
+    def replace(self, frame: bytes | bytearray, counted_bytes: int | None = None) -> None:
         """The frame the client gets instead; ``counted_bytes``: what the broker's quota records
         for it, where a handler changes that (an emptied fetch records nothing)."""
         self.frame = frame
+        self.payload = memoryview(frame)[4:]
         self._layout = None
         if counted_bytes is not None:
             self._counted = counted_bytes

@@ -60,7 +60,7 @@ class Throttling(Handler):
                 context.hold(hold_ms)
                 return
         if request.header.api_key == wire.FETCH:
-            request.frame = self._capped(request, key)
+            self._cap(request, key)
             return
         over_ms = holds.record_forwarded(key, len(request.payload), request.at_ms)
         if over_ms > 0:
@@ -70,15 +70,15 @@ class Throttling(Handler):
             if hold_ms > 0:
                 context.throttle(hold_ms)
 
-    def _capped(self, request: Request, key: ClientKey) -> memoryview | bytes | bytearray:
+    def _cap(self, request: Request, key: ClientKey) -> None:
         largest = self._holds.largest_fetch(key)
         payload = request.payload
         offset = wire.fetch_max_bytes_offset(request.header, payload)
         if largest is None or offset is None or wire.read_int32(payload, offset) <= largest:
-            return request.frame
+            return
         capped = bytearray(request.frame)
         wire.write_int32(capped, 4 + offset, max(largest, 1))
-        return capped
+        request.replace(capped)
 
     def on_response(self, response: Response, context: HandlerContext) -> None:
         key = _key(response.request, context)
