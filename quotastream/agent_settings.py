@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from quotastream.proxy.routing import Address, parse_addresses
+from quotastream.address import Address, parse_addresses
 
 Port = Annotated[int, Field(ge=0, le=65535)]
 

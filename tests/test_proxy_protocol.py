@@ -30,6 +30,7 @@ from kafka.protocol.sasl import (
     SaslHandshakeRequest,
 )
 
+from quotastream.address import Address, parse_addresses
 from quotastream.client import QuotaClient
 from quotastream.proxy import wire
 from quotastream.proxy.frames import FrameReader
@@ -40,7 +41,7 @@ from quotastream.proxy.identity import (
     plain_user,
     scram_user,
 )
-from quotastream.proxy.routing import Address, Routes, advertised_versions, parse_addresses
+from quotastream.proxy.routing import Routes, advertised_versions
 from quotastream.proxy.usage import FETCH, PRODUCE, UsageSums
 from state.config import parse_quota_config
 

@@ -15,10 +15,11 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from quotastream.address import Address
 from quotastream.clock import Clock
 from quotastream.proxy.handler import Handler
 from quotastream.proxy.metrics import ProxyMetrics
-from quotastream.proxy.routing import Address, Routes
+from quotastream.proxy.routing import Routes
 from quotastream.proxy.settings import ProxySettings
 from quotastream.proxy.transports import BrokerSide, BrokerSideEvents
 

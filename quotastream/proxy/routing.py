@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, Final
 
+from quotastream.address import Address
 from quotastream.proxy import wire
 
 log = logging.getLogger(__name__)
@@ -32,26 +32,6 @@ NOT_ADVERTISED: Final = frozenset({wire.DESCRIBE_QUORUM, wire.SHARE_FETCH, wire.
 REWRITTEN: Final = frozenset(
     {wire.METADATA, wire.FIND_COORDINATOR, wire.DESCRIBE_CLUSTER, wire.PRODUCE, wire.FETCH}
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Address:
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-def parse_addresses(servers: str) -> list[Address]:
-    """``host:port,host:port`` (bootstrap servers) as addresses; names the bad entry."""
-    addresses = []
-    for entry in servers.split(","):
-        host, _, port = entry.strip().rpartition(":")
-        if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
-            raise ValueError(f"{entry.strip()!r} is not host:port")
-        addresses.append(Address(host.strip("[]"), int(port)))
-    return addresses
 
 
 class Routes:
