@@ -24,9 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -35,6 +33,7 @@ import redis
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from quotastream.client import QuotaClient
+from quotastream.clock import SYSTEM_CLOCK, Clock
 from quotastream.outage import Outage
 from quotastream.redis_contract import CorruptValueError, Decision
 from state.config import QuotaConfig
@@ -107,21 +106,18 @@ class Answer:
 _LIVE_CONFIG = ("live_config", "")
 
 
-def _wall_clock_ms() -> int:
-    return int(time.time() * 1000)
-
-
 @dataclass(frozen=True)
 class _Entry:
     decision: Decision | None
-    read_at: float  # ``clock()`` seconds
+    read_at: float  # ``clock.monotonic()`` seconds
 
 
 class CachedQuotaClient:
     """``QuotaClient.lookup`` and ``for_client`` with a local cache and a failure policy.
 
-    Thread-safe. ``clock`` (monotonic seconds) ages entries and paces retries; ``wall_clock_ms``
-    is what ``Decision.throttle_ms_now`` measures ``until`` against. Both are injectable.
+    Thread-safe. ``clock`` (:mod:`quotastream.clock`, injectable): its monotonic seconds age
+    entries and pace retries, its wall milliseconds are what ``Decision.throttle_ms_now``
+    measures ``until`` against.
     """
 
     def __init__(
@@ -131,14 +127,12 @@ class CachedQuotaClient:
         *,
         name: str = "redis",
         registry: CollectorRegistry | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock_ms: Callable[[], int] = _wall_clock_ms,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.client = client
         self.settings = settings or CacheSettings()
         self.name = name
         self._clock = clock
-        self._wall_clock_ms = wall_clock_ms
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._live_config_checked_at: float | None = None
@@ -175,8 +169,7 @@ class CachedQuotaClient:
         settings: CacheSettings | None = None,
         *,
         registry: CollectorRegistry | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock_ms: Callable[[], int] = _wall_clock_ms,
+        clock: Clock = SYSTEM_CLOCK,
         **redis_options: Any,
     ) -> CachedQuotaClient:
         """A cached client on its own connection, with ``settings.timeout_ms`` and no retries.
@@ -196,7 +189,6 @@ class CachedQuotaClient:
             name=f"{host}:{port}",
             registry=registry,
             clock=clock,
-            wall_clock_ms=wall_clock_ms,
         )
 
     @property
@@ -217,7 +209,7 @@ class CachedQuotaClient:
     def lookup(self, quota: str, entity: str) -> Answer:
         """The decision for an entity key, from the cache when it is recent enough."""
         key = (quota, entity)
-        now = self._clock()
+        now = self._clock.monotonic()
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None and self._age_ms(entry, now) < self.settings.max_staleness_ms:
@@ -234,16 +226,16 @@ class CachedQuotaClient:
         except UNREACHABLE as error:
             with self._lock:
                 self._failed(error)
-                return self._unreachable(self._entries.get(key), self._clock())
+                return self._unreachable(self._entries.get(key), self._clock.monotonic())
         except CorruptValueError as error:
             with self._lock:
                 self._recovered()  # Redis answered
                 self._corrupt(key, error, self._meanwhile)
-                return self._unreachable(self._entries.get(key), self._clock())
+                return self._unreachable(self._entries.get(key), self._clock.monotonic())
         with self._lock:
             self._recovered()
             self._corrupt_keys.discard(key)
-            self._entries[key] = _Entry(decision, self._clock())
+            self._entries[key] = _Entry(decision, self._clock.monotonic())
             self._entries.move_to_end(key)
             while len(self._entries) > self.settings.max_entries:
                 self._entries.popitem(last=False)
@@ -259,7 +251,7 @@ class CachedQuotaClient:
         """Checks the published configuration version if it was not checked within
         ``max_staleness_ms``; a failed check is an outage or a corrupt value like a lookup's,
         and clients stay resolved as before."""
-        now = self._clock()
+        now = self._clock.monotonic()
         with self._lock:
             checked_at = self._live_config_checked_at
             if checked_at is not None and now - checked_at < self.settings.max_staleness_ms / 1000:
@@ -297,7 +289,7 @@ class CachedQuotaClient:
         elif source is Source.FAIL_CLOSED:
             throttle_ms = self.settings.fail_closed_delay_ms
         else:
-            throttle_ms = 0 if decision is None else decision.throttle_ms_now(self._wall_clock_ms())
+            throttle_ms = 0 if decision is None else decision.throttle_ms_now(self._clock)
         if self._metrics is not None:
             self._metrics.answers.labels(source.value).inc()
         return Answer(decision, source, age_ms, throttle_ms)
@@ -312,7 +304,7 @@ class CachedQuotaClient:
         return self._answer(None, Source.FAIL_OPEN, 0)
 
     def _failed(self, error: Exception) -> None:
-        self._retry_at = self._clock() + self.settings.backoff_ms / 1000
+        self._retry_at = self._clock.monotonic() + self.settings.backoff_ms / 1000
         if self._metrics is not None:
             self._metrics.errors.inc()
         if self._outage.failed(error) and self._metrics is not None:

@@ -11,16 +11,19 @@ configuration log and dead-letter producer, the agents' cached lookups — does 
   it was waited for and the last error. With ``max_outage_s=None`` nothing is ridden out: the
   first failure is raised as it is (for commands that must answer promptly).
 
-The clocks are injectable; nothing here sleeps or retries by itself: callers pace their attempts.
+The clock is injectable (``clock``, :mod:`quotastream.clock`: monotonic seconds time an outage,
+wall milliseconds stamp when it began); nothing here sleeps or retries by itself: callers pace
+their attempts.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from quotastream.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +51,7 @@ class Outage:
         max_outage_s: float | None,
         *,
         meanwhile: str = "",
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
         on_change: Callable[[OutageStatus], None] | None = None,
         logger: logging.Logger = log,
     ) -> None:
@@ -64,7 +66,6 @@ class Outage:
         self.outages = 0
         self.failures = 0
         self._clock = clock
-        self._wall_clock = wall_clock
         self._on_change = on_change
         self._log = logger
         self._since: float | None = None
@@ -78,7 +79,7 @@ class Outage:
 
     def down_for_s(self) -> float:
         """How long the current outage has lasted; 0 while the server answers."""
-        return 0.0 if self._since is None else self._clock() - self._since
+        return 0.0 if self._since is None else self._clock.monotonic() - self._since
 
     def status(self) -> OutageStatus:
         return OutageStatus(self._since_ms, self.outages, self.failures)
@@ -91,12 +92,12 @@ class Outage:
         """
         if self.max_outage_s is None:
             raise error
-        now = self._clock()
+        now = self._clock.monotonic()
         self.failures += 1
         self._outage_failures += 1
         began = self._since is None
         if began:
-            self._since, self._since_ms = now, int(self._wall_clock() * 1000)
+            self._since, self._since_ms = now, self._clock.wall_ms()
             self.outages += 1
             self._log.warning(
                 "%s unreachable (%s); %s", self.server, first_line(error), self.meanwhile
@@ -115,7 +116,7 @@ class Outage:
         """A successful attempt; the length of the outage it ended (None if there was none)."""
         if self._since is None:
             return None
-        lasted = self._clock() - self._since
+        lasted = self._clock.monotonic() - self._since
         self._log.warning(
             "%s reachable again after %.1f s (%d failed attempts)",
             self.server,

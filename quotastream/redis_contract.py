@@ -12,11 +12,11 @@ The core computes with ``inf``; the decision rows it emits carry a null limit.
 
 from __future__ import annotations
 
-import time
 from typing import TypeVar
 
 import msgspec
 
+from quotastream.clock import SYSTEM_CLOCK, Clock
 from state.quota_types import QuotaType
 from state.remote_log_view import RemoteLog
 from state.timer_stats import TimerStats
@@ -106,9 +106,9 @@ class Decision(msgspec.Struct, frozen=True):
             return 0
         return max(self.until - now_ms, 0)
 
-    def throttle_ms_now(self, now_ms: int | None = None) -> int:
-        """:meth:`throttle_ms_at` the wall clock (or ``now_ms``)."""
-        return self.throttle_ms_at(int(time.time() * 1000) if now_ms is None else now_ms)
+    def throttle_ms_now(self, clock: Clock = SYSTEM_CLOCK) -> int:
+        """:meth:`throttle_ms_at` ``clock``'s wall milliseconds."""
+        return self.throttle_ms_at(clock.wall_ms())
 
     @property
     def utilisation(self) -> float | None:

@@ -10,14 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from quotastream.outage import Outage, OutageError, OutageStatus, run_passes
+from tests.support.agents import FakeClock
 
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+#: The wall clock (ms) when the fake clock's monotonic seconds read 1000.
+WALL_MS = (1000 + 1_700_000_000) * 1000
 
 
 def outage_with(
@@ -28,7 +24,6 @@ def outage_with(
         "Kafka at h:9092",
         max_outage_s,
         clock=clock,
-        wall_clock=lambda: clock.now + 1_700_000_000,
         on_change=changes.append,
         logger=logging.getLogger(logger_name),
     )
@@ -38,7 +33,7 @@ def outage_with(
 def test_one_warning_as_an_outage_begins_and_one_as_it_ends(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    clock = FakeClock()
+    clock = FakeClock(WALL_MS)
     outage, changes = outage_with(clock, 60)
     with caplog.at_level(logging.WARNING, logger="test.outage"):
         assert outage.failed(ConnectionRefusedError("111 ECONNREFUSED")) is True
@@ -58,12 +53,12 @@ def test_one_warning_as_an_outage_begins_and_one_as_it_ends(
     assert (outage.outages, outage.failures, outage.down) == (1, 10, False)
     # Every failed attempt and the end are reported; the outage began at the first failure.
     assert len(changes) == 11
-    assert {c.since_ms for c in changes[:10]} == {(1000 + 1_700_000_000) * 1000}
+    assert {c.since_ms for c in changes[:10]} == {WALL_MS}
     assert changes[-1] == OutageStatus(since_ms=None, outages=1, failures=10)
 
 
 def test_gives_up_after_max_outage_naming_the_server_and_the_last_error() -> None:
-    clock = FakeClock()
+    clock = FakeClock(WALL_MS)
     outage, _ = outage_with(clock, 5)
     outage.failed(TimeoutError("first"))
     clock.now += 4.9
@@ -78,7 +73,7 @@ def test_gives_up_after_max_outage_naming_the_server_and_the_last_error() -> Non
 
 
 def test_each_outage_is_timed_from_its_own_beginning() -> None:
-    clock = FakeClock()
+    clock = FakeClock(WALL_MS)
     outage, _ = outage_with(clock, 5)
     outage.failed(TimeoutError("a"))
     clock.now += 4
@@ -91,7 +86,7 @@ def test_each_outage_is_timed_from_its_own_beginning() -> None:
 
 
 def test_without_a_limit_the_first_failure_is_raised_as_it_is() -> None:
-    outage, changes = outage_with(FakeClock(), None)
+    outage, changes = outage_with(FakeClock(WALL_MS), None)
     error = TimeoutError("config records 0..3 not received within 10000 ms")
     with pytest.raises(TimeoutError) as raised:
         outage.failed(error)
@@ -114,7 +109,7 @@ steps = st.lists(st.tuples(st.booleans(), st.floats(0, 10)), max_size=60)
 
 @given(steps)
 def test_counts_and_messages_follow_the_transitions(history: list[tuple[bool, float]]) -> None:
-    clock = FakeClock()
+    clock = FakeClock(WALL_MS)
     handler = Recorder()
     records = handler.records
     logger = logging.getLogger("test.outage.property")
@@ -146,7 +141,7 @@ def test_counts_and_messages_follow_the_transitions(history: list[tuple[bool, fl
 def test_an_agents_passes_ride_out_their_errors_and_stop_at_others() -> None:
     """run_passes: a failing pass counts toward the outage and the next one runs; an error
     the agent does not expect ends the loop."""
-    clock = FakeClock()
+    clock = FakeClock(WALL_MS)
     outage, _ = outage_with(clock, max_outage_s=60)
     stopped = threading.Event()
     outcomes = iter([OSError("refused"), OSError("refused"), None, None, KeyError("a bug")])

@@ -70,8 +70,7 @@ class Scene:
             self.prefix,
             CONFIG,
             settings.cache(),
-            clock=self.clock.monotonic,
-            wall_clock_ms=self.clock.wall_ms,
+            clock=self.clock,
         )
         self.holds = Holds(
             decisions,

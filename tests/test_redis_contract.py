@@ -40,7 +40,7 @@ from streaming.engine.stages import (
     update_shard,
 )
 from streaming.services import LocalService, start_redis
-from tests.support.agents import CONFIG
+from tests.support.agents import CONFIG, FakeClock
 from tests.support.factories import BASE, decision_row, produce
 
 
@@ -71,7 +71,7 @@ def test_a_written_decision_reads_back_in_one_lookup(server: LocalService) -> No
     )
     assert (decision.rate, decision.limit, decision.exceeded) == (150.0, 100.0, True)
     assert 4000 < decision.throttle_ms_now() <= 5000
-    assert decision.throttle_ms_now(now_ms=now + 6000) == 0
+    assert decision.throttle_ms_now(FakeClock(now + 6000)) == 0
     assert client.lookup("produce", "user=nobody,broker=1") is None
 
 
@@ -87,7 +87,7 @@ def test_a_decision_not_enforced_reports_its_delay_but_never_binds(
     assert decision is not None
     assert (decision.mode, decision.enforced, decision.config_version) == (mode, False, 3)
     assert decision.throttle_ms == 5000  # what would apply, reported
-    assert decision.throttle_ms_now(now_ms=now) == 0
+    assert decision.throttle_ms_now(FakeClock(now)) == 0
 
 
 def test_keys_expire_when_the_throttle_ends_but_not_before_keep_ms(server: LocalService) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -126,9 +125,8 @@ def _lookup_remote_log(admin: Admin) -> int:
 def _print_decision(
     key: str, version: int | None, decision: Decision | None, as_json: bool
 ) -> None:
-    now_ms = int(time.time() * 1000)
     values = None if decision is None else msgspec.structs.asdict(decision)
-    throttle_ms_now = 0 if decision is None else decision.throttle_ms_now(now_ms)
+    throttle_ms_now = 0 if decision is None else decision.throttle_ms_now()
     if as_json:
         print_json(
             {
