@@ -18,6 +18,7 @@ from quotastream.brokers.broker_metrics import (
     read_scrape,
 )
 from state.event_contract import RemoteFetch, Replication
+from tests.support.agents import FakeClock
 
 
 def exporter(started: float, fetched: int, requests: int, moved_out: int) -> str:
@@ -79,7 +80,7 @@ def source(cluster: Cluster, max_backlog: int = 100) -> BrokerMetricsSource:
         publish=cluster.publish,
         metrics=ScrapeMetrics(CollectorRegistry()),
         max_backlog=max_backlog,
-        clock_ms=lambda: 1_000,
+        clock=FakeClock(wall_ms=1_000),
     )
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +44,7 @@ from quotastream.brokers.remote_log_metadata import (
     UndecodableRecordError,
 )
 from quotastream.brokers.segments import RefusedRecordError, SegmentEvent, SegmentLifecycle
+from quotastream.clock import SYSTEM_CLOCK, Clock
 from quotastream.outage import Outage
 from quotastream.publisher import EventsPublisher
 from state.event_contract import RemoteCopy, dead_letter_record
@@ -122,7 +122,7 @@ class RemoteLogBridge:
         max_retry_ms: int,
         server: str,
         traffic_horizon_ms: int | None = None,
-        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._schemas = schemas
         self._metadata_topic = metadata_topic
@@ -133,10 +133,13 @@ class RemoteLogBridge:
         self._retry_ms = retry_ms
         self._max_retry_ms = max_retry_ms
         self._outage = Outage(
-            server, math.inf, meanwhile="reading __remote_log_metadata again once it answers"
+            server,
+            math.inf,
+            meanwhile="reading __remote_log_metadata again once it answers",
+            clock=clock,
         )
         self._traffic_horizon_ms = traffic_horizon_ms
-        self._clock_ms = clock_ms
+        self._clock = clock
         self._stopped = threading.Event()
         #: Set once a pass has read every partition up to where it was when the pass began.
         self.caught_up = threading.Event()
@@ -257,7 +260,7 @@ class RemoteLogBridge:
         oldest = (
             None
             if self._traffic_horizon_ms is None
-            else self._clock_ms() - self._traffic_horizon_ms
+            else self._clock.wall_ms() - self._traffic_horizon_ms
         )
         for event in events:
             if isinstance(event, RemoteCopy):

@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
 from quotastream.brokers.counters import CounterDeltas, Scrape
+from quotastream.clock import SYSTEM_CLOCK, Clock
 from quotastream.outage import Outage
 from quotastream.publisher import publish_every
 from state.event_contract import RemoteFetch, Replication
@@ -146,17 +147,17 @@ class BrokerMetricsSource:
         publish: Callable[[Sequence[BrokerCount]], None],
         metrics: ScrapeMetrics,
         max_backlog: int,
-        clock_ms: Callable[[], int],
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._endpoints = dict(endpoints)
         self._fetch = fetch
         self._publish = publish
         self._metrics = metrics
         self._max_backlog = max_backlog
-        self._clock_ms = clock_ms
+        self._clock = clock
         self._deltas: CounterDeltas[SeriesKey] = CounterDeltas()
         self._outages = {
-            broker: Outage(f"broker {broker}'s metrics at {url}", float("inf"))
+            broker: Outage(f"broker {broker}'s metrics at {url}", float("inf"), clock=clock)
             for broker, url in self._endpoints.items()
         }
         self._backlog: list[BrokerCount] = []
@@ -173,7 +174,7 @@ class BrokerMetricsSource:
                 continue
             self._metrics.scrapes.labels(str(broker), "ok").inc()
             self._outages[broker].recovered()
-            events += counts_of(broker, self._deltas.update(broker, scrape), self._clock_ms())
+            events += counts_of(broker, self._deltas.update(broker, scrape), self._clock.wall_ms())
         return events
 
     def publish(self, events: Sequence[BrokerCount]) -> None:

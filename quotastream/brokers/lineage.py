@@ -30,6 +30,7 @@ from kafka.protocol.consumer.offsets import OffsetForLeaderEpochRequest, OffsetS
 from kafka.structs import TopicPartition
 from prometheus_client import CollectorRegistry, Counter
 
+from quotastream.clock import SYSTEM_CLOCK, Clock
 from quotastream.outage import Outage
 from quotastream.publisher import publish_every
 from state.event_contract import LeaderEpochs
@@ -145,13 +146,13 @@ class LineageSource:
         *,
         publish: Callable[[Sequence[LeaderEpochs]], None],
         metrics: LineageMetrics,
-        clock_ms: Callable[[], int],
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._admin = admin
         self._client = client
         self._publish = publish
         self._metrics = metrics
-        self._clock_ms = clock_ms
+        self._clock = clock
 
     def poll(self) -> list[LeaderEpochs]:
         """The lineage of every tiered partition whose leader answered the whole walk."""
@@ -169,7 +170,7 @@ class LineageSource:
         for partition, (leader, epoch) in leaders.items():
             by_leader.setdefault(leader, {})[partition] = epoch
         reports = []
-        ts = self._clock_ms()
+        ts = self._clock.wall_ms()
         for leader, current in sorted(by_leader.items()):
             walked = walk(self._ask, leader, current, log_starts)
             self._metrics.refused.inc(len(current) - len(walked))

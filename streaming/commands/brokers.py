@@ -10,7 +10,6 @@ import logging
 import math
 import signal
 import threading
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +28,7 @@ from quotastream.brokers.broker_metrics import BrokerMetricsSource, ScrapeMetric
 from quotastream.brokers.lineage import LineageMetrics, LineageSource
 from quotastream.brokers.remote_log_metadata import RemoteLogMetadataSchemas
 from quotastream.brokers.throttles import FOLLOWER_REPLICAS, LEADER_REPLICAS
+from quotastream.clock import SYSTEM_CLOCK
 from quotastream.outage import Outage
 from quotastream.publisher import EventsPublisher, events_producer
 from state.config import QuotaConfig, load_quota_config
@@ -135,7 +135,7 @@ def build_actuator(settings: EngineSettings, registry: CollectorRegistry) -> Act
         change = SetTopicThrottles(
             topic=topic,
             values={key: "" for key, value in keys.items() if value},
-            at_ms=int(time.time() * 1000),
+            at_ms=SYSTEM_CLOCK.wall_ms(),
             by=ACTUATOR_AUTHOR,
         )
         version = config_log.append(change)
@@ -181,7 +181,6 @@ def build_broker_metrics(
         publish=events_publisher(settings).publish,
         metrics=ScrapeMetrics(registry),
         max_backlog=source.max_backlog,
-        clock_ms=lambda: int(time.time() * 1000),
     )
 
 
@@ -195,7 +194,6 @@ def build_lineage_source(settings: EngineSettings, registry: CollectorRegistry) 
         KafkaNetClient(**client_settings),
         publish=events_publisher(settings).publish,
         metrics=LineageMetrics(registry),
-        clock_ms=lambda: int(time.time() * 1000),
     )
 
 
