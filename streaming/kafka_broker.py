@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from quotastream.clock import SYSTEM_CLOCK
 from streaming.class_archive import dump_archive, listing_option, sharing_options
 from streaming.services import (
     LOOPBACK,
@@ -567,7 +568,7 @@ def _launch_node(
 ) -> subprocess.Popen[bytes]:
     log_path = workdir / "kafka.log"
     if log_path.exists():
-        log_path.rename(workdir / f"kafka.{int(time.time() * 1000)}.log")
+        log_path.rename(workdir / f"kafka.{SYSTEM_CLOCK.wall_ms()}.log")
     libs = kafka_libs()
     agents = (
         []

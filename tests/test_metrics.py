@@ -26,6 +26,7 @@ from streaming.engine.shard_layout import ShardLayout
 from streaming.engine.source_records import KafkaRecords
 from streaming.engine.stages import DECISION, DECISION_SCHEMA, StageSettings, update_shard
 from streaming.services import LocalService
+from tests.support.agents import FakeClock
 from tests.support.engine import publish
 from tests.support.factories import (
     BASE,
@@ -204,7 +205,7 @@ def test_a_writer_summary_keeps_top_k_throttled_and_tracked_rows_only() -> None:
     assert head["config_version"] == 3
     assert head["written_at"] - head["newest_ts"] == 250
 
-    metrics = EngineMetrics(top_k=3, port=0, clock=lambda: (NOW + 300) / 1000)
+    metrics = EngineMetrics(top_k=3, port=0, clock=FakeClock(wall_ms=NOW + 300))
     metrics.record_batch(out)
     text = metrics.scrape()
     assert samples(text, names.DEAD_LETTER_EVENTS) == {'{reason="x"}': 2.0}

@@ -10,7 +10,6 @@ agent would enforce: shadow, exempt and released decisions are over their limit,
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -18,6 +17,7 @@ import redis
 from rich.table import Table
 
 from quotastream.client import decision_keys
+from quotastream.clock import SYSTEM_CLOCK
 from quotastream.redis_contract import CorruptValueError, Decision, decode_decision
 
 
@@ -26,7 +26,7 @@ class Snapshot:
     decisions: list[Decision]
     #: Keys that held something other than a decision (shown, not dropped silently).
     unreadable: int = 0
-    taken_at_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    taken_at_ms: int = field(default_factory=SYSTEM_CLOCK.wall_ms)
 
     @property
     def throttled(self) -> list[Decision]:

@@ -13,7 +13,6 @@ A denied right is reported in one line naming the principal, the operation and t
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -24,6 +23,7 @@ from kafka.errors import KafkaError, TopicAuthorizationFailedError
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from quotastream.clock import SYSTEM_CLOCK
 from quotastream.outage import first_line
 from streaming.engine.client_settings import settings_for
 from streaming.engine.config_log import ConfigLog, ConfigLogError, MisshapenTopicError
@@ -232,7 +232,7 @@ def check_redis(settings: RedisSettings, timeout_s: float) -> None:
     client = redis.Redis(**options)
     try:
         # A key of its own, gone in a second: proves the write permission the sink needs.
-        client.set(f"{settings.key_prefix}:engine:started", int(time.time() * 1000), px=1000)
+        client.set(f"{settings.key_prefix}:engine:started", SYSTEM_CLOCK.wall_ms(), px=1000)
     except redis.AuthenticationError as exc:
         raise UnreachableError(f"{where}: login refused: {first_line(exc)}") from None
     except redis.ResponseError as exc:

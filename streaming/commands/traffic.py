@@ -25,7 +25,6 @@ import logging
 import random
 import sys
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -33,6 +32,7 @@ from typing import Any, Literal
 from kafka import KafkaProducer
 from kafka.errors import KafkaError, KafkaTimeoutError
 
+from quotastream.clock import SYSTEM_CLOCK
 from quotastream.producer_close import CLOSE_TIMEOUT_S, close_producer
 from quotastream.publisher import batched_messages
 from state.event_contract import (
@@ -309,7 +309,7 @@ class LiveTraffic(threading.Thread):
             self.failure = self.failure or unsent
 
     def _publish(self) -> None:
-        start_ms = int(time.time() * 1000) // 1000 * 1000
+        start_ms = SYSTEM_CLOCK.wall_ms() // 1000 * 1000
         second = 0
         while not self._stopping.is_set() and (self._seconds is None or second < self._seconds):
             events = self._scenario.second(second, start_ms)
@@ -318,7 +318,7 @@ class LiveTraffic(threading.Thread):
             self._producer.flush(timeout=10)
             second += 1
             # Publish each second's events when that second has begun.
-            self._stopping.wait(max(start_ms / 1000 + second - time.time(), 0))
+            self._stopping.wait(max(start_ms + second * 1000 - SYSTEM_CLOCK.wall_ms(), 0) / 1000)
 
     def stop(self) -> None:
         self._stopping.set()

@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from datetime import datetime
 from functools import partial
@@ -35,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 
+from quotastream.clock import SYSTEM_CLOCK, Clock
 from quotastream.outage import OutageStatus
 from streaming.engine.batch_summary import BatchReport, SummaryRequest
 from streaming.engine.exported_entities import ExportedEntities
@@ -85,7 +85,7 @@ class EngineMetrics:
         host: str = "127.0.0.1",
         port: int = 9464,
         keep_ms: int | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
         input_ends: Callable[[], Offsets] | None = None,
     ) -> None:
         self.host, self.port = host, port
@@ -213,7 +213,7 @@ class EngineMetrics:
     def record_batch(self, rows: Iterable[Mapping[str, Any]], now_ms: int | None = None) -> None:
         """Folds one micro-batch's writer summaries in."""
         report = BatchReport.from_rows(rows)
-        now = int(self.clock() * 1000) if now_ms is None else now_ms
+        now = self.clock.wall_ms() if now_ms is None else now_ms
         with self._lock:
             self.state.fold(report.decisions, now)
             fired, cancelled = self.state.fold_timers(report.timers)
@@ -273,7 +273,7 @@ class EngineMetrics:
             began = datetime.fromisoformat(str(started).replace("Z", "+00:00")).timestamp()
             self.last_batch.set(began + (duration_ms or 0) / 1000)
         else:
-            self.last_batch.set(self.clock())
+            self.last_batch.set(self.clock.wall_ms() / 1000)
 
     def attach(self, spark: Any, query_id: str, event_topics: Collection[str] | None = None) -> Any:
         """Registers a :class:`ProgressListener` for one query; returns it (to remove it).
@@ -337,7 +337,7 @@ class _EntityCollector(Collector):
         self._metrics = metrics
 
     def collect(self) -> Iterable[Metric]:
-        return list(self._metrics.entity_series(int(self._metrics.clock() * 1000)))
+        return list(self._metrics.entity_series(self._metrics.clock.wall_ms()))
 
     def describe(self) -> Iterable[Metric]:
         names = (BYTE_RATE, QUOTA_LIMIT, QUOTA_UTILISATION, THROTTLE_TIME, THROTTLED_ENTITIES)
@@ -352,8 +352,8 @@ class _KafkaOutageCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         status = read_status(self._metrics.source_status_file) or OutageStatus(None, 0, 0)
-        now = self._metrics.clock()
-        lasted = 0.0 if status.since_ms is None else max(now - status.since_ms / 1000, 0.0)
+        now_ms = self._metrics.clock.wall_ms()
+        lasted = 0.0 if status.since_ms is None else max((now_ms - status.since_ms) / 1000, 0.0)
         outage = GaugeMetricFamily(
             KAFKA_OUTAGE,
             "How long the Kafka source has found the brokers unreachable (0: they answer)",

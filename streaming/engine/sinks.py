@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
@@ -27,6 +26,7 @@ from kafka import KafkaProducer
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
+from quotastream.clock import SYSTEM_CLOCK
 from quotastream.outage import Outage
 from quotastream.published_config import publish_arguments
 from quotastream.redis_contract import (
@@ -186,7 +186,7 @@ def write_batches(
     """
     client = redis_client(settings)
     for batch in batches:
-        now = int(time.time() * 1000)
+        now = SYSTEM_CLOCK.wall_ms()  # when written: the summary's written_at
         report = BatchSummary(summary, now) if summary is not None else None
         is_decision = pc.equal(batch.column("row_type"), DECISION)
         decisions = batch.filter(is_decision)

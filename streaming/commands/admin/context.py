@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import getpass
 import socket
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quotastream.clock import SYSTEM_CLOCK
 from state.config import QuotaConfig, load_quota_config
 from state.configfile import ConfigError
 from state.live_config import Change, LiveConfig, apply_change, describe_change
@@ -98,7 +98,7 @@ class Admin:
     def stamp(self) -> dict[str, Any]:
         """``at_ms`` and ``by`` for a change."""
         by = self.args.by if self.args.by else _default_author()
-        return {"at_ms": int(time.time() * 1000), "by": by}
+        return {"at_ms": SYSTEM_CLOCK.wall_ms(), "by": by}
 
     def scrub(self, message: str) -> str:
         """``message`` without any secret of the settings in it."""
