@@ -121,9 +121,9 @@ def python_bytes_held() -> int:
     # all_frames=True)`` selects it), read from the raw traces: ``Snapshot.filter_traces`` matches
     # each frame with ``fnmatch`` in Python, traced as well, and took 1.5 s a sample here.
     return sum(
-        size
-        for _domain, size, frames, _depth in _tracemalloc._get_traces()
-        if any(_is_engine_file(filename) for filename, _line in frames)
+        trace[1]
+        for trace in _tracemalloc._get_traces()
+        if any(_is_engine_file(filename) for filename, _line in trace[2])
     )
 
 
