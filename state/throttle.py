@@ -21,6 +21,13 @@ if TYPE_CHECKING:
 MAX_THROTTLE_MS = 2**53 - 1
 
 
+def over_bound_ms(rate: float, bound: float, window_size_ms: float) -> float:
+    """How far (ms) a window of ``rate`` bytes/s is past ``bound``: Kafka's quotient before it
+    is rounded, computed as Kafka (and :func:`throttle_ms`) computes it, rate first, so that the
+    proxy and the engine round the very same double."""
+    return (rate - bound) / bound * window_size_ms
+
+
 def throttle_of(over_ms: float) -> int:
     """Kafka's throttle of a window ``over_ms = (rate - bound) / bound * window_size_ms`` past
     its bound (0 or less: within it).
@@ -52,6 +59,6 @@ def throttle_ms(rate: FloatArray, limit: FloatArray, window_size_ms: Int64Array)
     over = np.flatnonzero(exceeded)
     # An infinite quotient (a huge ratio, or a limit of 0 that no byte fits) is capped below.
     with np.errstate(over="ignore", divide="ignore"):
-        raw = (rate[over] - limit[over]) / limit[over] * window_size_ms[over]
+        raw = over_bound_ms(rate[over], limit[over], window_size_ms[over])
     delay[over] = np.clip(java_round(raw), 1, MAX_THROTTLE_MS).astype(np.int64)
     return delay

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from quotastream.proxy.hold_window import ClientKey, Forwarded, hold_end, window_over_ms
@@ -66,6 +66,15 @@ def engine_decision(key: ClientKey, window_bytes: int, at_ms: int, **fields: obj
     decided_in_sample=st.integers(0, SAMPLE_MS - 1),
     sent=st.lists(st.tuples(st.integers(0, 9_999), st.integers(0, 2_000_000)), max_size=20),
     unseen=st.integers(0, 5_000_000),
+)
+# A window exactly half a millisecond past its bound in exact arithmetic: the engine's double
+# was a hair under the half and rounded down, the proxy's (bytes over the limit, not the rate
+# first) a hair over and rounded up, 1 ms longer.
+@example(
+    decided_in_sample=1,
+    sent=[(0, n) for n in (0, 96, 249, 297, 685, 1309, 1487, 1699, 2111, 2426, 2548, 4362)]
+    + [(0, n) for n in (5637, 5637, 5, 20160, 112620, 117495, 1505527, 2000000)],
+    unseen=0,
 )
 def test_measured_when_decided_a_hold_ends_when_the_engines_decision_does(
     decided_in_sample: int,

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from quotastream.redis_contract import Decision
-from state.throttle import throttle_of
+from state.throttle import over_bound_ms, throttle_of
 from state.window import WindowSpec, spread_over, window_at
 
 #: (quota, user, client-id, broker): what a client's decision is looked up by.
@@ -171,7 +171,10 @@ def window_over_ms(  # noqa: PLR0917 (the window's five inputs, and the bytes as
         spec.window_ms,
     )
     window = window_at(samples, max(now_ms, decided_at), spec)
-    return (window.nbytes + extra_bytes) / decision.limit * 1000 - window.size_ms
+    # Whole bytes again (bytes spread over samples sum to a hair more than they were), then the
+    # rate as the engine measures it (``state.rolling``): the same double to round as its own.
+    nbytes = round(window.nbytes + extra_bytes, 6)
+    return over_bound_ms(nbytes * 1000.0 / window.size_ms, decision.limit, window.size_ms)
 
 
 def hold_end(decision: Decision, over_ms: float | None, now_ms: int) -> int:
@@ -180,8 +183,7 @@ def hold_end(decision: Decision, over_ms: float | None, now_ms: int) -> int:
     own ``until`` if it binds."""
     if over_ms is None:
         return now_ms if not decision.enforced else decision.until
-    # Rounded first: bytes spread over samples sum to a hair more than they were.
-    return max(now_ms, decision.decided_at) + throttle_of(round(over_ms, 6))
+    return max(now_ms, decision.decided_at) + throttle_of(over_ms)
 
 
 def headroom_of(decision: Decision, over_ms: float | None) -> float:
