@@ -306,6 +306,37 @@ def test_a_throttled_client_is_not_read_until_its_throttle_ends() -> None:
     assert host.held_s == pytest.approx(0.3)
 
 
+class TickingHost(Host):
+    """A host whose clock moves ``tick`` seconds at each reading: time passes while the
+    connection runs, as it does on a real loop."""
+
+    tick: float = 0.0
+
+    def monotonic(self) -> float:
+        now = self.now_s
+        self.now_s += self.tick
+        return now
+
+
+def test_a_mute_extended_after_its_wakeup_was_set_still_ends() -> None:
+    """The wakeup set for the first throttle fires a microsecond before the mute, extended by a
+    second response, ends; by the time the connection has looked, the mute is over. It must
+    not be left unread with no wakeup (aiokafka's requests then timed out after 40 s)."""
+    host = TickingHost([ThrottlesResponses({1: 100, 2: 100})])
+    connection = Connection(host, NODE)
+    client = FakeSocket()
+    connection.client_connected(client)
+    connection.client_data(metadata_request(1) + metadata_request(2))
+    connection.broker_data(metadata_response(1))
+    host.now_s += 1e-6
+    connection.broker_data(metadata_response(2))  # the mute ends 1 us after its wakeup
+    host.tick = 1e-6
+    host.advance(0.2)
+    assert client.is_read()
+    connection.client_data(metadata_request(3))
+    assert correlation_ids(host.broker.frames()) == [1, 2, 3]
+
+
 def test_a_throttled_connection_forwards_one_request_at_a_time() -> None:
     connection, _, host = connect(ThrottlesResponses({1: 100}))
     connection.client_data(metadata_request(1))

@@ -135,7 +135,12 @@ class Connection:
             batch.append(request.frame)
         if batch and self._broker is not None:
             write_frames(self._broker, batch)
-        if self._pending or self._draining or self._clock.monotonic() < self._muted_until:
+        # One reading decides both: a client left unread for a mute has a wakeup at its end
+        # (read twice, a mute ending between the readings left it unread for good).
+        muted = self._clock.monotonic() < self._muted_until
+        if muted and not self.closed_as:
+            self._wake_at(self._muted_until)
+        if self._pending or self._draining or muted:
             self._pause_client()
         else:
             self._resume_client()
@@ -238,13 +243,10 @@ class Connection:
         self._wakeup = self._host.call_at(when, self._woken)
 
     def _woken(self) -> None:
+        # The mute may outlast this wakeup (a later response's longer throttle extended it after
+        # the wakeup was set): _pump then sets the next one.
         self._wakeup = None
         self._pump()
-        if self._clock.monotonic() < self._muted_until and not self.closed_as:
-            # The mute outlasts this wakeup: a later response's longer throttle extended it after
-            # the wakeup was set. Wake again at its end, or a client with no request pending
-            # would stay unread (until it gave up on its requests: 30 s for kafka-python).
-            self._wake_at(self._muted_until)
 
     def _pause_client(self) -> None:
         if self._reading and self._client is not None and not self._client.is_closing():
