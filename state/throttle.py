@@ -8,7 +8,7 @@ same quotient the same way.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, overload
 
 if TYPE_CHECKING:
     import numpy as np
@@ -21,7 +21,13 @@ if TYPE_CHECKING:
 MAX_THROTTLE_MS = 2**53 - 1
 
 
-def over_bound_ms(rate: float, bound: float, window_size_ms: float) -> float:
+@overload
+def over_bound_ms(rate: float, bound: float, window_size_ms: float) -> float: ...
+@overload
+def over_bound_ms(
+    rate: FloatArray, bound: FloatArray, window_size_ms: Int64Array
+) -> FloatArray: ...
+def over_bound_ms(rate: Any, bound: Any, window_size_ms: Any) -> Any:
     """How far (ms) a window of ``rate`` bytes/s is past ``bound``: Kafka's quotient before it
     is rounded, computed as Kafka (and :func:`throttle_ms`) computes it, rate first, so that the
     proxy and the engine round the very same double."""
