@@ -228,7 +228,7 @@ def test_a_written_value_reads_back_as_the_row_and_throttles_as_its_columns_say(
 def test_unlimited_is_null_from_the_core_to_every_reader() -> None:
     """The core computes with inf; its decision rows, the value and the readers say None."""
     config = parse_quota_config({"clients": []}, "no quotas")
-    stage = StageSettings(config, EventBounds(), 65_536, clock=lambda: BASE / 1000)
+    stage = StageSettings(config, EventBounds(), 65_536, clock=FakeClock(wall_ms=BASE))
     event = json.dumps(produce("alice", "app1", 500, BASE - 100)).encode()
     reads = [KafkaRecords("events", 0, [0], [event], 0)]
     staged = staged_batches(reads, stage, ShardLayout(1, 1))

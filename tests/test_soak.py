@@ -72,7 +72,10 @@ class SimulatedClock:
     def __init__(self) -> None:
         self.now_ms = BASE
 
-    def __call__(self) -> float:
+    def wall_ms(self) -> int:
+        return self.now_ms
+
+    def monotonic(self) -> float:
         return self.now_ms / 1000
 
 

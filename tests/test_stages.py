@@ -41,6 +41,7 @@ from streaming.engine.stages import (
     unpacked,
     update_shard,
 )
+from tests.support.agents import FakeClock
 from tests.support.expected import final_decisions
 from tests.support.factories import BASE, MIXED_QUOTAS, mixed_payloads, produce, remote_segment
 from tests.support.stage_runs import packs_by_shard, shard_inputs
@@ -246,14 +247,14 @@ def test_the_shards_packed_output_unpacks_into_the_same_rows() -> None:
 
 
 def test_idle_entities_leave_the_state_and_late_events_for_them_are_rejected() -> None:
-    clock = [BASE / 1000]
+    clock = FakeClock(wall_ms=BASE)
     stage = StageSettings(
         CONFIG,
         EventBounds(),
         65_536,
         max_past_ms=60_000,
         max_future_ms=60_000,
-        clock=lambda: clock[0],
+        clock=clock,
     )
 
     def step(values: list[bytes], state: ShardState | None) -> tuple[ShardState, pd.DataFrame]:
@@ -265,7 +266,7 @@ def test_idle_entities_leave_the_state_and_late_events_for_them_are_rejected() -
     state, _ = step(first, None)
     assert len(QuotaCore.restore(CONFIG, state.tables).tables[QuotaType.PRODUCE]) == 4
 
-    clock[0] += 2 * 3600  # two hours later only u0 is active
+    clock.advance_ms(2 * 3_600_000)  # two hours later only u0 is active
     later = BASE + 2 * 3600 * 1000
     state, out = step(
         [
@@ -289,7 +290,7 @@ def one_shard_step(
 
 
 def test_remote_segment_events_keep_partition_sizes_once_per_segment() -> None:
-    stage = StageSettings(CONFIG, EventBounds(), 65_536, clock=lambda: BASE / 1000)
+    stage = StageSettings(CONFIG, EventBounds(), 65_536, clock=FakeClock(wall_ms=BASE))
 
     def segment(segment_id: str, size: int, state: str, epoch: int) -> bytes:
         event = remote_segment("orders", 3, segment_id, size, state, BASE - 1000, epoch)
@@ -318,7 +319,7 @@ def test_an_unclean_election_counts_diverged_segments_in_the_metric_but_not_in_r
     (spanning both) and c; an unclean election gave epoch 2 to broker 2, whose log ended at 149,
     so c (offsets 130-199) is outside the new lineage. RemoteLogSizeBytes counts every listed
     segment; retention counts and walks only the lineage's, each once."""
-    stage = StageSettings(CONFIG, EventBounds(), 65_536, clock=lambda: BASE / 1000)
+    stage = StageSettings(CONFIG, EventBounds(), 65_536, clock=FakeClock(wall_ms=BASE))
 
     def segment(segment_id: str, size: int, epochs: dict[int, int], end: int) -> bytes:
         event = remote_segment("orders", 3, segment_id, size, "copy_finished", BASE - 1000)
@@ -390,7 +391,7 @@ def test_a_batch_decides_with_the_configuration_version_it_pinned() -> None:
         base,
         EventBounds(),
         65_536,
-        clock=lambda: BASE / 1000,
+        clock=FakeClock(wall_ms=BASE),
         live_configs=LiveConfigs(base, read),
     )
     burst = [json.dumps(produce("alice", "app", 20_000, BASE - 500)).encode()]

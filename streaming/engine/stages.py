@@ -20,8 +20,7 @@ many entities, not one entity.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -30,6 +29,7 @@ import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 
+from quotastream.clock import SYSTEM_CLOCK, Clock
 from quotastream.redis_contract import remote_log_value
 from state.config import QuotaConfig
 from state.core import QuotaCore
@@ -101,7 +101,8 @@ class StageSettings:
     #: longer can receive bytes again: its state can go (None: keep every entity).
     max_past_ms: int | None = None
     max_future_ms: int | None = None
-    clock: Callable[[], float] = time.time
+    #: The wall clock the event-time bounds are measured from.
+    clock: Clock = SYSTEM_CLOCK
     #: The throttle timers' wheel.
     timer_tick_ms: int = KAFKA_TICK_MS
     timer_wheel_size: int = KAFKA_WHEEL_SIZE
@@ -134,7 +135,7 @@ class StageSettings:
         return self.live_configs.at(version)
 
     def now_ms(self) -> int:
-        return int(self.clock() * 1000)
+        return self.clock.wall_ms()
 
     @property
     def shard(self) -> ShardSettings:
