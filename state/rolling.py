@@ -37,6 +37,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from state.quota_types import WindowRule
+from state.throttle import rate_of
 from state.window import WindowSpec
 
 Int64Array = npt.NDArray[np.int64]
@@ -61,7 +62,7 @@ class Measurement:
     @property
     def rate(self) -> FloatArray:
         """Bytes per second over the measured window."""
-        return self.window_bytes * 1000.0 / self.window_size_ms
+        return rate_of(self.window_bytes, self.window_size_ms)
 
 
 class RollingTable:

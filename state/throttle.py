@@ -1,8 +1,8 @@
 """Kafka's throttle time: ``round((rate - bound) / bound * window_size_ms)``, uncapped.
 
 One formula for the engine (:func:`throttle_ms`, over a batch's columns) and the proxy
-(:func:`throttle_of`, one window at a time, in a process that loads no numpy): both round the
-same quotient the same way.
+(:func:`throttle_of`, one window at a time, in a process that loads no numpy): both measure the
+rate with :func:`rate_of` and round the same quotient the same way.
 """
 
 from __future__ import annotations
@@ -19,6 +19,16 @@ if TYPE_CHECKING:
 
 #: Largest throttle reported (2**53 - 1 ms, exact in JSON); only absurd rate/limit ratios reach it.
 MAX_THROTTLE_MS = 2**53 - 1
+
+
+@overload
+def rate_of(window_bytes: float, window_size_ms: float) -> float: ...
+@overload
+def rate_of(window_bytes: Int64Array, window_size_ms: Int64Array) -> FloatArray: ...
+def rate_of(window_bytes: Any, window_size_ms: Any) -> Any:
+    """Bytes per second of a window of ``window_bytes`` over ``window_size_ms``: the rate that
+    :func:`over_bound_ms` compares, the same double in the engine and the proxy."""
+    return window_bytes * 1000.0 / window_size_ms
 
 
 @overload

@@ -29,6 +29,7 @@ import kafka
 from aiokafka.helpers import create_ssl_context
 
 from streaming.kafka_broker import java, kafka_libs
+from tests.support.rates import Acks
 
 #: How long a consumer may take to read what it was asked for before the test fails.
 CONSUME_TIMEOUT_S: Final = 60.0
@@ -155,10 +156,6 @@ class Offer:
         """Records sent and not yet acknowledged that the producer keeps at most: a second of
         its rate (a producer's bounded buffer; the offer stops with at most that much left)."""
         return max(int(self.bytes_per_s / self.record_bytes), 1)
-
-
-#: (monotonic time acknowledged, record bytes) per acknowledged record.
-Acks = list[tuple[float, int]]
 
 
 class ClientLibrary(Protocol):

@@ -125,6 +125,7 @@ LAYERS: Final[Mapping[str, str]] = {
     "test_docker_image.py": "project",
     "test_docs_links.py": "project",
     "test_hypothesis_profiles.py": "project",
+    "test_rates.py": "project",
     "test_observability_config.py": "project",
     "test_pure_suite.py": "project",
 }

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from quotastream.redis_contract import Decision
-from state.throttle import over_bound_ms, throttle_of
+from state.throttle import over_bound_ms, rate_of, throttle_of
 from state.window import WindowSpec, spread_over, window_at
 
 #: (quota, user, client-id, broker): what a client's decision is looked up by.
@@ -174,7 +174,7 @@ def window_over_ms(  # noqa: PLR0917 (the window's five inputs, and the bytes as
     # Whole bytes again (bytes spread over samples sum to a hair more than they were), then the
     # rate as the engine measures it (``state.rolling``): the same double to round as its own.
     nbytes = round(window.nbytes + extra_bytes, 6)
-    return over_bound_ms(nbytes * 1000.0 / window.size_ms, decision.limit, window.size_ms)
+    return over_bound_ms(rate_of(nbytes, window.size_ms), decision.limit, window.size_ms)
 
 
 def hold_end(decision: Decision, over_ms: float | None, now_ms: int) -> int:
