@@ -51,7 +51,12 @@ def test_a_worker_freezes_its_imports_and_again_only_after_new_ones() -> None:
 
 #: Five batches that each allocate and free ~100 MB the way a state task does (numpy columns
 #: through malloc; an Arrow IPC stream written and read back zstd-compressed, through Arrow's
-#: pool and threads), after one that warms up; prints the page faults the five took, per kind.
+#: pool), after one that warms up; prints the page faults the five took, per kind.
+#: Arrow's own threads are left out: each draws from its own mimalloc heap, and which thread
+#: takes a buffer is the scheduler's choice, so on a loaded machine a batch could land on a
+#: thread whose heap the warm-up never reached (threaded: 6-9 faults, and 77 in 1 of 16 runs
+#: beside two busy processes, 954 once under `-n 2`; on one thread: 0 in all 24). What is
+#: measured is whether the allocator keeps a heap's freed pages, not how work meets threads.
 BATCHES = """
 import json, resource, time
 import numpy as np, pyarrow as pa
@@ -60,7 +65,8 @@ def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 column = pa.chunked_array([pa.array(np.arange(2_000_000, dtype=np.int64)) for _ in range(8)])
-compressed = pa.ipc.IpcWriteOptions(compression="zstd")
+compressed = pa.ipc.IpcWriteOptions(compression="zstd", use_threads=False)
+one_thread = pa.ipc.IpcReadOptions(use_threads=False)
 
 def numpy_batch():
     columns = [np.ones(1_000_000) for _ in range(12)]
@@ -71,7 +77,7 @@ def arrow_batch():
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema, options=compressed) as writer:
         writer.write_table(table, max_chunksize=2_000_000)
-    pa.ipc.open_stream(sink.getvalue()).read_all()
+    pa.ipc.open_stream(sink.getvalue(), options=one_thread).read_all()
 
 seen = {}
 for name, batch in (("numpy", numpy_batch), ("arrow", arrow_batch)):
